@@ -1,0 +1,467 @@
+"""Hard-and-diverse exemplar selection: greedy MAP inference of a quality-weighted determinantal point process.
+
+OPRO shows the optimizer model ``k`` training problems at every step. Drawing them uniformly wastes the few
+slots the meta-prompt has. This module picks them so that they are both *hard* and *diverse*:
+
+* **Hard.** The optimizer model learns most from problems the current instructions fail: a problem every
+  scored instruction already solves says nothing about what to change. The caller therefore passes a
+  difficulty ``d_i = 1 - mean score of example i`` over the instructions scored so far (or ``None`` before any
+  instruction is scored, which makes every example equally hard).
+* **Diverse.** Three near-duplicate failures teach one lesson, not three. Problems whose input texts are alike
+  should not crowd out problems that fail for other reasons.
+
+Both wishes meet in a determinantal point process (DPP) with the kernel ``L = diag(r) S diag(r)``:
+``S`` is the cosine similarity of the examples' input texts (TF-IDF by default, a hashed bag of words, or a
+user embedder), and ``r`` is a quality weight, ``r_i = (max(d_i, floor) / max_j max(d_j, floor)) ** alpha`` with
+``alpha = theta / (2 (1 - theta))``. The probability of a subset ``Y`` is proportional to ``det(L_Y)``, which is
+the squared volume spanned by the chosen examples' feature vectors scaled by their quality: it grows with
+difficulty and shrinks as the chosen examples become alike, dropping to zero for exact duplicates. ``theta``
+trades the two: ``theta = 0`` (``alpha = 0``) ignores difficulty and maximises diversity only, ``theta = 1``
+(``alpha = inf``) is exactly top-``k`` by difficulty, and the default ``0.7`` leans to hard problems while still
+refusing duplicates. The ``floor`` (default ``0.05``) keeps solved problems from getting zero weight, so they
+can still fill the slots once the hard ones run out.
+
+Finding the most probable subset of size ``k`` is NP-hard, so :func:`greedy_dpp_map` adds, one at a time, the
+example with the largest log-determinant gain ``log det(L_{Y+i}) - log det(L_Y)``. The gains come from the
+incremental Cholesky update of Chen, Zhang and Zhou (2018, "Fast greedy MAP inference for determinantal point
+process to improve recommendation diversity"): the gain of item ``i`` is ``log d_i^2``, where ``d_i^2`` is the
+squared residual of item ``i`` after projecting out the picks so far, and each pick updates every residual in
+``O(k)``. Because residuals only shrink, the gains never increase along the picks. Item ``i`` counts as *collapsed*
+-- numerically in the span of the picked ones, for example a duplicate of a pick -- when its residual falls below
+``eps`` times its own diagonal entry, ``d_i^2 < eps * L_ii``. An item whose ``L_ii`` is zero (or subnormal) is
+collapsed from the start; with the default floor that happens to the easiest examples only when ``theta`` exceeds
+about 0.9958 and their weight underflows. The test is relative on purpose: at a high ``theta`` an easy example's
+weight ``L_ii`` is itself tiny (``0.05 ** 19 ~ 2e-25`` at ``theta = 0.95``), which says nothing about collapse.
+Collapsed items are never picked; only when every remaining item is collapsed does the selection stop early,
+returning fewer than ``k`` indices and logging the fact at INFO.
+
+Cost: building ``S`` takes ``O(n^2 * vocab)`` (``O(n^2 * dim)`` with an embedder), the greedy selection
+``O(n * k)`` per pick, ``O(n * k^2)`` in total. No language-model calls are made.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import zlib
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+FEATURIZERS = ("tfidf", "hashed")
+HASHED_BUCKETS = 2**12
+
+_TOKEN_RE = re.compile(r"\w+")
+# Relative tolerance under which two gains count as tied (so the lower index wins despite rounding noise).
+_TIE_RTOL = 1e-12
+# Vocabulary columns densified at a time when building the TF-IDF similarity (bounds memory to n * block).
+_COLUMN_BLOCK = 4096
+
+
+@dataclass(frozen=True)
+class DPPSelection:
+    """The outcome of a greedy DPP selection.
+
+    Attributes:
+        indices: Positions into the given texts (rows of ``L``), in pick order.
+        gains: The log-determinant gain (natural log) of each pick, aligned with ``indices``.
+        stopped_early: Whether rank collapse ended the selection before ``min(k, n)`` picks.
+    """
+
+    indices: list[int]
+    gains: list[float]
+    stopped_early: bool
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Validation
+
+
+def _check_theta(theta: float) -> None:
+    if not isinstance(theta, (int, float)) or math.isnan(theta) or not 0.0 <= theta <= 1.0:
+        raise ValueError(
+            f"theta must be a number in [0, 1] (0 = diversity only, 1 = top-k by difficulty), got {theta!r}"
+        )
+
+
+def _check_floor(floor: float) -> None:
+    if not isinstance(floor, (int, float)) or math.isnan(floor) or not 0.0 < floor <= 1.0:
+        raise ValueError(f"floor must be a number in (0, 1] (for example 0.05), got {floor!r}")
+
+
+def _check_k(k: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+        raise ValueError(f"k must be a non-negative integer (the number of exemplars to pick), got {k!r}")
+
+
+def _check_featurizer(featurizer: str) -> None:
+    if featurizer not in FEATURIZERS:
+        raise ValueError(
+            f"featurizer must be one of {', '.join(repr(f) for f in FEATURIZERS)} "
+            f"(or pass embedder=... for your own embeddings), got {featurizer!r}"
+        )
+
+
+def _difficulty_array(difficulties: Sequence[float] | None, n: int) -> np.ndarray:
+    """Validate difficulties against ``n`` and return them as floats (all ones when ``None``)."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"n must be a non-negative integer (the number of examples), got {n!r}")
+    if difficulties is None:
+        return np.ones(n, dtype=float)
+    try:
+        d = np.asarray(list(difficulties), dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"difficulties must be a sequence of numbers in [0, 1] (1 - mean score): {exc}") from exc
+    if d.ndim != 1 or d.shape[0] != n:
+        raise ValueError(
+            f"got {d.shape[0] if d.ndim == 1 else d.shape} difficulties for {n} examples; "
+            "pass exactly one difficulty per text (or None for uniform difficulties)"
+        )
+    bad = np.flatnonzero(np.isnan(d) | (d < 0.0) | (d > 1.0))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"difficulty {d[i]!r} at position {i} is outside [0, 1] or NaN; pass 1 - mean score in [0, 1] "
+            "(or None before any instruction is scored)"
+        )
+    return d
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Similarity
+
+
+def _tokens(text: str) -> list[str]:
+    return _TOKEN_RE.findall(text.lower())
+
+
+def _finalize_similarity(S: np.ndarray, zero_rows: np.ndarray) -> np.ndarray:
+    """Symmetrise, clip to [-1, 1], isolate all-zero rows and set the diagonal to exactly 1."""
+    S = (S + S.T) / 2.0
+    np.clip(S, -1.0, 1.0, out=S)
+    S[zero_rows, :] = 0.0
+    S[:, zero_rows] = 0.0
+    np.fill_diagonal(S, 1.0)
+    return S
+
+
+def _cosine_from_entries(n: int, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, width: int) -> np.ndarray:
+    """Cosine similarity of the rows of a sparse ``n x width`` matrix given by unique ``(row, col, val)`` entries."""
+    norms = np.sqrt(np.bincount(rows, weights=vals * vals, minlength=n)) if rows.size else np.zeros(n)
+    zero_rows = norms == 0.0
+    S = np.zeros((n, n), dtype=float)
+    if rows.size:
+        vals = vals / norms[rows]
+        order = np.argsort(cols, kind="stable")
+        rows, cols, vals = rows[order], cols[order], vals[order]
+        for start in range(0, width, _COLUMN_BLOCK):
+            stop = min(start + _COLUMN_BLOCK, width)
+            lo, hi = np.searchsorted(cols, [start, stop])
+            if lo == hi:
+                continue
+            block = np.zeros((n, stop - start), dtype=float)
+            block[rows[lo:hi], cols[lo:hi] - start] = vals[lo:hi]
+            S += block @ block.T
+    return _finalize_similarity(S, zero_rows)
+
+
+def _tfidf_similarity(texts: Sequence[str]) -> np.ndarray:
+    n = len(texts)
+    counts = [Counter(_tokens(t)) for t in texts]
+    vocab = {w: j for j, w in enumerate(sorted(set().union(*counts)))} if counts else {}
+    df = np.zeros(len(vocab), dtype=float)
+    rows: list[int] = []
+    cols: list[int] = []
+    tf: list[float] = []
+    for i, c in enumerate(counts):
+        for w, cnt in c.items():
+            j = vocab[w]
+            df[j] += 1.0
+            rows.append(i)
+            cols.append(j)
+            tf.append(float(cnt))
+    idf = np.log((1.0 + n) / (1.0 + df)) + 1.0
+    col_arr = np.asarray(cols, dtype=np.int64)
+    vals = np.asarray(tf, dtype=float) * idf[col_arr] if col_arr.size else np.zeros(0)
+    return _cosine_from_entries(n, np.asarray(rows, dtype=np.int64), col_arr, vals, len(vocab))
+
+
+def _hashed_bucket(token: str) -> int:
+    return zlib.crc32(token.encode("utf-8")) % HASHED_BUCKETS
+
+
+def _hashed_similarity(texts: Sequence[str]) -> np.ndarray:
+    n = len(texts)
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    for i, t in enumerate(texts):
+        buckets = Counter(_hashed_bucket(w) for w in _tokens(t))
+        for b, cnt in buckets.items():
+            rows.append(i)
+            cols.append(b)
+            vals.append(float(cnt))
+    return _cosine_from_entries(
+        n,
+        np.asarray(rows, dtype=np.int64),
+        np.asarray(cols, dtype=np.int64),
+        np.asarray(vals, dtype=float),
+        HASHED_BUCKETS,
+    )
+
+
+def _embedder_similarity(texts: Sequence[str], embedder: Callable[[list[str]], np.ndarray]) -> np.ndarray:
+    n = len(texts)
+    if n == 0:
+        return np.zeros((0, 0), dtype=float)
+    try:
+        E = np.asarray(embedder(list(texts)), dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"embedder must return a numeric array of shape (len(texts), dim): {exc}") from exc
+    if E.ndim != 2 or E.shape[0] != n or E.shape[1] < 1:
+        raise ValueError(
+            f"embedder returned shape {E.shape} for {n} texts; it must return one row per text, "
+            f"i.e. an array of shape ({n}, dim) with dim >= 1"
+        )
+    if not np.all(np.isfinite(E)):
+        raise ValueError("embedder returned NaN or infinite values; make it return finite embeddings")
+    norms = np.linalg.norm(E, axis=1)
+    zero_rows = norms == 0.0
+    En = E / np.where(zero_rows, 1.0, norms)[:, None]
+    return _finalize_similarity(En @ En.T, zero_rows)
+
+
+def similarity_matrix(
+    texts: Sequence[str],
+    *,
+    featurizer: str = "tfidf",
+    embedder: Callable[[list[str]], np.ndarray] | None = None,
+) -> np.ndarray:
+    """Cosine similarity of the texts, symmetric, in ``[-1, 1]`` and with a unit diagonal.
+
+    Args:
+        texts: The examples' input texts.
+        featurizer: ``"tfidf"`` (lowercase ``\\w+`` tokens, raw term counts times the smooth idf
+            ``log((1 + n) / (1 + df)) + 1``) or ``"hashed"`` (a bag of words hashed with CRC-32 into
+            ``2**12`` buckets). Ignored when ``embedder`` is given.
+        embedder: Optional callable mapping the list of texts to an ``(n, dim)`` array; its rows are
+            L2-normalised here.
+
+    Returns:
+        An ``(n, n)`` float array. A text without features (for example an empty one) is similar only to
+        itself: its row and column are zero except for the 1 on the diagonal.
+
+    Raises:
+        ValueError: On an unknown featurizer, or an embedder returning the wrong shape or non-finite values.
+    """
+    _check_featurizer(featurizer)
+    texts = [str(t) for t in texts]
+    if embedder is not None:
+        return _embedder_similarity(texts, embedder)
+    if featurizer == "hashed":
+        return _hashed_similarity(texts)
+    return _tfidf_similarity(texts)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Quality
+
+
+def quality_weights(
+    difficulties: Sequence[float] | None, n: int, *, theta: float = 0.7, floor: float = 0.05
+) -> np.ndarray:
+    """The DPP quality weights ``r_i = (max(d_i, floor) / max_j max(d_j, floor)) ** alpha``.
+
+    ``alpha = theta / (2 (1 - theta))``, so that ``L_ii = r_i ** 2`` grows as ``(d_i / d_max) ** (theta / (1 -
+    theta))``. ``theta = 0`` gives all ones; ``theta = 1`` (``alpha = inf``) gives the limit: 1 for the hardest
+    examples and 0 for the rest.
+
+    Args:
+        difficulties: ``1 - mean score`` per example, each in ``[0, 1]``; ``None`` means uniform (all 1.0).
+        n: The number of examples.
+        theta: Hardness-versus-diversity trade-off in ``[0, 1]``.
+        floor: Lower bound in ``(0, 1]`` applied to difficulties so easy examples keep a little weight.
+
+    Returns:
+        An array of ``n`` weights in ``[0, 1]`` whose maximum is 1 (when ``n > 0``).
+
+    Raises:
+        ValueError: On theta outside ``[0, 1]``, floor outside ``(0, 1]``, a length mismatch, or a
+            difficulty outside ``[0, 1]`` or NaN.
+    """
+    _check_theta(theta)
+    _check_floor(floor)
+    d = _difficulty_array(difficulties, n)
+    if n == 0:
+        return np.zeros(0, dtype=float)
+    clipped = np.maximum(d, floor)
+    rel = clipped / clipped.max()
+    if theta == 0.0:
+        return np.ones(n, dtype=float)
+    if theta == 1.0:
+        return (rel == 1.0).astype(float)
+    alpha = theta / (2.0 * (1.0 - theta))
+    return rel**alpha
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Greedy MAP
+
+
+def _argmax_lowest(values: np.ndarray, available: np.ndarray) -> int:
+    """Index of the largest available value; near-ties (relative 1e-12) go to the lowest index."""
+    masked = np.where(available, values, -np.inf)
+    best = masked.max()
+    tol = _TIE_RTOL * max(abs(best), np.finfo(float).tiny)
+    return int(np.flatnonzero(masked >= best - tol)[0])
+
+
+def greedy_dpp_map(L: np.ndarray, k: int, *, eps: float = 1e-10) -> DPPSelection:
+    """Greedy MAP inference for a DPP with kernel ``L`` (Chen, Zhang and Zhou, 2018).
+
+    Each step adds the item with the largest gain ``log det(L_{Y+i}) - log det(L_Y) = log d_i^2``, where the
+    squared residuals ``d_i^2`` start at ``L_ii`` and are updated by an incremental Cholesky factorisation in
+    ``O(n * |Y|)`` per step. Ties go to the lowest index, so the first pick is the first largest diagonal entry.
+
+    An item is *collapsed* when its residual is below ``eps`` relative to its own diagonal entry,
+    ``d_i^2 < eps * L_ii``, when the residual is not positive, or when ``L_ii`` is zero (or below the smallest
+    normal float, too small to measure a residual against): it lies numerically in the span of the picks, e.g. it
+    duplicates one. Collapsed items
+    are skipped, and since residuals only shrink they stay collapsed. The selection stops early only when every
+    remaining item is collapsed. Because the test is relative, scaling ``L`` by a positive constant, or an item's
+    row and column by a positive weight, does not by itself make items collapse.
+
+    Args:
+        L: A symmetric positive semi-definite ``(n, n)`` kernel.
+        k: The number of items wanted; ``k >= n`` selects (up to) all items, in selection order.
+        eps: Relative rank-collapse threshold: item ``i`` is collapsed when ``d_i^2 < eps * L_ii``.
+
+    Returns:
+        The picks, their log-det gains (non-increasing) and whether rank collapse stopped the selection
+        before ``min(k, n)`` picks (logged at INFO).
+
+    Raises:
+        ValueError: On a non-square, non-finite or asymmetric ``L``, a negative ``k`` or a bad ``eps``.
+    """
+    _check_k(k)
+    if not isinstance(eps, (int, float)) or math.isnan(eps) or eps < 0.0:
+        raise ValueError(f"eps must be a non-negative number (for example 1e-10), got {eps!r}")
+    L = np.asarray(L, dtype=float)
+    if L.ndim != 2 or L.shape[0] != L.shape[1]:
+        raise ValueError(f"L must be a square (n, n) matrix, got shape {L.shape}")
+    if not np.all(np.isfinite(L)):
+        raise ValueError("L contains NaN or infinite entries; build it from finite similarities and weights")
+    if not np.allclose(L, L.T, rtol=1e-8, atol=1e-10):
+        raise ValueError("L must be symmetric; symmetrise it with (L + L.T) / 2")
+    n = L.shape[0]
+    target = min(int(k), n)
+    indices: list[int] = []
+    gains: list[float] = []
+    if target == 0:
+        return DPPSelection(indices=indices, gains=gains, stopped_early=False)
+
+    diag = np.diag(L).copy()
+    threshold = eps * diag  # item i is collapsed once its residual falls below eps * L_ii
+    # A zero (or subnormal) diagonal entry leaves no precision to tell a residual from rounding noise.
+    unmeasurable = diag < np.finfo(float).tiny
+    cis = np.zeros((target, n), dtype=float)  # rows of the incremental Cholesky factor, one per pick
+    d2 = diag.copy()  # squared residual of every item given the picks so far
+    available = np.ones(n, dtype=bool)
+    while True:
+        candidates = available & ~unmeasurable & (d2 >= threshold) & (d2 > 0.0)
+        if not candidates.any():
+            remaining = available & ~unmeasurable
+            best_ratio = float(np.max(d2[remaining] / diag[remaining])) if remaining.any() else 0.0
+            logger.info(
+                "DPP selection stopped early after %d of %d picks: rank collapse (every remaining item's "
+                "residual is below eps %.3g times its diagonal entry, best ratio %.3g; the remaining items lie in "
+                "the span of the picked ones, e.g. duplicates)",
+                len(indices),
+                target,
+                eps,
+                best_ratio,
+            )
+            return DPPSelection(indices=indices, gains=gains, stopped_early=True)
+        j = _argmax_lowest(d2, candidates)
+        m = len(indices)
+        indices.append(j)
+        gains.append(math.log(d2[j]))
+        available[j] = False
+        if m + 1 == target:
+            return DPPSelection(indices=indices, gains=gains, stopped_early=False)
+        e = (L[j, :] - cis[:m, j] @ cis[:m, :]) / math.sqrt(d2[j])
+        cis[m, :] = e
+        d2 = d2 - e * e
+
+
+def _sequence_gains(K: np.ndarray, order: Sequence[int], eps: float) -> list[float]:
+    """Log-det gains of adding ``order`` one by one under ``K``; ``-inf`` for a collapsed pick (a duplicate).
+
+    A pick is collapsed, as in :func:`greedy_dpp_map`, when its residual is below ``eps`` times its diagonal entry.
+    """
+    m_total = len(order)
+    cis = np.zeros((m_total, K.shape[0]), dtype=float)
+    d2 = np.diag(K).copy()
+    gains: list[float] = []
+    for m, j in enumerate(order):
+        if K[j, j] <= 0.0 or d2[j] < eps * K[j, j]:
+            gains.append(-math.inf)
+            continue
+        gains.append(math.log(d2[j]))
+        e = (K[j, :] - cis[:m, j] @ cis[:m, :]) / math.sqrt(d2[j])
+        cis[m, :] = e
+        d2 = d2 - e * e
+    return gains
+
+
+def select_hard_diverse(
+    texts: Sequence[str],
+    difficulties: Sequence[float] | None,
+    k: int,
+    *,
+    theta: float = 0.7,
+    floor: float = 0.05,
+    featurizer: str = "tfidf",
+    embedder: Callable[[list[str]], np.ndarray] | None = None,
+) -> DPPSelection:
+    """Pick ``k`` exemplars that are hard for the current instructions and unlike each other.
+
+    Builds ``L = diag(r) S diag(r)`` from :func:`quality_weights` and :func:`similarity_matrix` and runs
+    :func:`greedy_dpp_map`. With ``theta = 1`` the result is exactly top-``k`` by difficulty (ties by lower
+    index); its ``gains`` are then the log-det gains of that order under ``S`` alone (``-inf`` for a pick that
+    duplicates an earlier one) and ``stopped_early`` is False.
+
+    Args:
+        texts: The candidate examples' input texts.
+        difficulties: ``1 - mean score`` per example in ``[0, 1]``, or ``None`` before any instruction is scored.
+        k: How many exemplars to pick; ``k >= len(texts)`` orders all of them.
+        theta: Hardness-versus-diversity trade-off in ``[0, 1]`` (0 = diversity only, 1 = top-k by difficulty).
+        floor: Difficulty floor in ``(0, 1]`` so easy examples keep a little weight.
+        featurizer: ``"tfidf"`` or ``"hashed"``; ignored when ``embedder`` is given.
+        embedder: Optional callable mapping texts to an ``(n, dim)`` embedding array.
+
+    Returns:
+        The selection; it holds fewer than ``min(k, n)`` indices only when ``stopped_early`` is True.
+
+    Raises:
+        ValueError: On any invalid argument (see :func:`quality_weights`, :func:`similarity_matrix`).
+    """
+    _check_k(k)
+    _check_theta(theta)
+    _check_floor(floor)
+    _check_featurizer(featurizer)
+    texts = list(texts)
+    n = len(texts)
+    d = _difficulty_array(difficulties, n)
+    S = similarity_matrix(texts, featurizer=featurizer, embedder=embedder)
+    if theta == 1.0:
+        order = sorted(range(n), key=lambda i: (-d[i], i))[: min(int(k), n)]
+        return DPPSelection(indices=order, gains=_sequence_gains(S, order, 1e-10), stopped_early=False)
+    r = quality_weights(d, n, theta=theta, floor=floor)
+    L = r[:, None] * S * r[None, :]
+    return greedy_dpp_map(L, k)

@@ -1,0 +1,62 @@
+"""Which training problems the meta-prompt shows, and how a ``dspy.Example`` becomes a (question, answer) pair.
+
+OPRO shows the optimizer model a few training problems next to the scored instructions. The authors draw
+``k`` of them uniformly at every step with ``np.random.seed(step)`` (criteria ``"random"``) or draw the step-0
+set every time (``"constant"``); :func:`draw_exemplar_indices` reproduces both draws exactly for ``seed=0``
+without touching numpy's global random state.
+
+A DSPy example is rendered as a question (its input fields) and an answer. The answer is, in order of
+preference: the example's labels for the target predictor's output fields (the authors' "ground truth
+answer"); the program's own output when the metric judged it right; the metric's feedback when it was wrong;
+and otherwise a short note that no reference exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+NO_REFERENCE_NOTE = "(no reference answer available)"
+
+# Spreads user seeds far apart so that seed s at step t never collides with seed s' at step t'.
+_SEED_STRIDE = 100003
+
+
+def draw_exemplar_indices(
+    indices: Sequence[int], k: int, step: int, *, seed: int = 0, criteria: str = "random"
+) -> list[int]:
+    """Draw ``k`` distinct elements of ``indices`` for one step, sorted ascending.
+
+    With ``seed=0`` the draw equals the authors': ``np.random.seed(step)`` followed by
+    ``np.random.choice(indices, k, replace=False)`` for ``"random"``, and the step-0 draw at every step for
+    ``"constant"``. Any other seed uses ``RandomState(seed * 100003 + step)``. numpy's global state is untouched.
+
+    Args:
+        indices: The candidates to draw from (for example the training-set positions).
+        k: How many to draw; at most ``len(indices)``.
+        step: The 0-based optimization step.
+        seed: The run's seed.
+        criteria: ``"random"`` (a new draw every step) or ``"constant"`` (the same draw every step).
+
+    Raises:
+        ValueError: On an unknown criteria or when ``k`` exceeds the number of indices.
+    """
+    if criteria not in ("random", "constant"):
+        raise ValueError(f"criteria must be 'random' or 'constant', got {criteria!r}")
+    if k < 0 or k > len(indices):
+        raise ValueError(f"cannot draw {k} exemplars from {len(indices)} indices; lower num_exemplars")
+    if k == 0:
+        return []
+    draw_step = step if criteria == "random" else 0
+    rng = np.random.RandomState(seed * _SEED_STRIDE + draw_step)
+    chosen = rng.choice(np.asarray(list(indices)), k, replace=False)
+    return sorted(int(i) for i in chosen)
+
+
+def render_fields(values: dict[str, Any]) -> str:
+    """Render field values as the meta-prompt shows them: a lone value as is, several as ``name: value`` lines."""
+    if len(values) == 1:
+        return str(next(iter(values.values())))
+    return "\n".join(f"{name}: {value}" for name, value in values.items())

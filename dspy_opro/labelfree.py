@@ -1,0 +1,51 @@
+"""Label-free OPRO: score candidates by pairwise preference against the starting program's trajectories.
+
+The run scores the starting program first with no metric: each of its runs is rendered as a trajectory and kept as
+the anchor of that example (in the run record, so a resumed run reuses it). Every candidate then runs on the same
+examples, and :class:`AnchorPreferenceMetric` - used where a metric would be - asks the judge how much better the
+candidate's trajectory is than the anchor, mapping the preference from [-10, 10] onto the [0, 1] score OPRO expects.
+The anchor itself scores 0.5 (comparable to itself), so the meta-prompt and the rest of the loop are unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dspy
+
+from dspy_opro.preference import PairwiseJudge, preference_to_score, render_inputs, render_trajectory
+from dspy_opro.scoring import ExampleResult
+from dspy_opro.state import digest
+
+
+def example_key(example: dspy.Example) -> str:
+    """Identifies an example by its inputs alone (labels play no part in label-free OPRO)."""
+    return digest(dict(example.inputs().items()))
+
+
+def anchor_text(result: ExampleResult) -> str:
+    """The rendered trajectory of one run of the starting program."""
+    if result.outcome != "ok":
+        return f"The program failed: {result.error}"
+    return render_trajectory(result.prediction, result.trace)
+
+
+class AnchorPreferenceMetric:
+    """A metric that judges a candidate's run against the starting program's run on the same example.
+
+    Args:
+        judge_lm: The LM that judges; None: the task model in the current DSPy context.
+        both_orders: Judge each pair in both positions (two judge calls instead of one).
+    """
+
+    def __init__(self, *, judge_lm: dspy.BaseLM | None = None, both_orders: bool = False):
+        self.judge = PairwiseJudge(judge_lm, both_orders=both_orders)
+        self.anchors: dict[str, str] = {}
+
+    def __call__(self, example: dspy.Example, prediction: Any, trace: Any = None) -> dspy.Prediction:
+        anchor = self.anchors.get(example_key(example))
+        if anchor is None:
+            raise KeyError("no anchor trajectory for this example: the starting program has not run on it")
+        judgment = self.judge.compare(render_inputs(example), anchor, render_trajectory(prediction, trace))
+        return dspy.Prediction(score=preference_to_score(judgment.preference), feedback=judgment.rationale,
+                               preference=judgment.preference, parsed=judgment.parsed)

@@ -1,0 +1,411 @@
+"""Label-free scoring of candidate instructions by the task model's own pairwise preference.
+
+OPRO needs a score for every instruction it proposes. When a deployment has no labels there is no metric to
+compute one, so this module scores a candidate the way retrospective harness optimization accepts a change to an
+agent's harness: by asking a model whether the work done with the change is better than the work done without it.
+The starting program runs once on each probe example, and those trajectories become a fixed anchor. Every
+candidate instruction then runs on the same examples, and a judge -- by default the task model itself -- compares
+each candidate trajectory with the anchor trajectory of the same example. It answers with an integer preference in
+[-10, 10] (+10: an unacceptable result became excellent, 0: comparable, -10: a severe regression) and a one-sentence
+rationale. A candidate's score is its mean preference mapped linearly onto [0, 1] (OPRO shows it as 0-100), so the
+anchor itself scores 0.5 and an instruction is worth keeping when it climbs above that.
+
+The price is one judge call per probe example per candidate, on top of running the candidate itself. With
+``both_orders=True`` it is two: each pair is judged once with the anchor in position A and once with the candidate
+in position A, and the preference is half the difference of the two answers. Language-model judges are known to
+favour one position (often the second) regardless of content; a judge that always says "B is better by 6" then
+nets 0 instead of handing every candidate a free +6, while a judge that tracks the content nets its full preference.
+When a judgment cannot be parsed it counts as 0 (no preference), is logged at WARNING, and is flagged on the
+:class:`Judgment`, so a flaky judge pulls scores toward 0.5 rather than failing the run. Errors of the LM itself
+(:class:`dspy.utils.exceptions.LMError`) propagate for the caller to classify.
+
+Labels must never reach the judge: :func:`render_inputs` shows only an example's input fields, and
+:func:`render_trajectory` renders what the program did without reading the example at all.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dspy
+from dspy.utils.callback import BaseCallback
+from dspy.utils.exceptions import AdapterParseError
+
+logger = logging.getLogger(__name__)
+
+PREFERENCE_MIN = -10.0
+PREFERENCE_MAX = 10.0
+
+_REACT_KEY = re.compile(r"^(thought|tool_name|tool_args|observation)_(\d+)$")
+_UNPARSEABLE_RATIONALE = "(the judgment could not be parsed; counted as no preference)"
+
+
+class JudgePreference(dspy.Signature):
+    """You compare two trajectories of the same task, produced by two versions of the same program on the same input.
+
+    Each trajectory shows the program's steps (reasoning, tool calls and their observations, intermediate outputs)
+    and its final outputs, or the error it failed with. Judge trajectory B relative to trajectory A: how much better
+    (or worse) is the work done in B?
+
+    Answer with an integer from -10 to 10:
+      +10: A was unacceptable (wrong, failed, or unusable) and B is excellent.
+      +5: B is clearly better, e.g. it fixes a real mistake in A or reaches a sounder result.
+      0: the two are comparable in quality, or they differ only in ways that do not matter.
+      -5: B is clearly worse, e.g. it introduces a real mistake that A did not make.
+      -10: a severe regression: A was good and B is wrong, failed, or unusable.
+    Use the values in between for differences in between.
+
+    Judge the quality of the work -- correctness, soundness of the reasoning, sensible use of tools, faithfulness to
+    the observations, and whether the task was actually accomplished -- not length, verbosity, formatting, or style.
+    A longer trajectory is not better for being longer. Give a one-sentence rationale before the preference.
+    """
+
+    task_input: str = dspy.InputField(desc="the inputs of the task both trajectories worked on")
+    trajectory_a: str = dspy.InputField(desc="trajectory A")
+    trajectory_b: str = dspy.InputField(desc="trajectory B")
+    rationale: str = dspy.OutputField(desc="one sentence")
+    preference: int = dspy.OutputField(desc="integer from -10 to 10: how much better B is than A")
+
+
+@dataclass(frozen=True)
+class Judgment:
+    """The judge's verdict on one candidate trajectory against the anchor trajectory of the same example.
+
+    Attributes:
+        preference: How much better the candidate is than the anchor, in [-10, 10]. With ``both_orders`` it is half
+            the difference of the two judgments, so it may be a half-integer.
+        rationale: The judge's one-sentence rationale (both of them, labelled, with ``both_orders``).
+        parsed: False if any judgment in it could not be parsed (that judgment counted as 0).
+        calls: Judge LM calls made: 1 per judgment (2 with ``both_orders``), plus any retry an adapter made on its
+            own (DSPy's ChatAdapter retries an unparseable reply once with its JSONAdapter).
+    """
+
+    preference: float
+    rationale: str
+    parsed: bool
+    calls: int
+
+
+def _format_value(value: Any) -> str:
+    """Render one field value as text: strings verbatim, containers and pydantic models as JSON."""
+    if isinstance(value, str):
+        return value
+    if hasattr(value, "model_dump"):
+        try:
+            value = value.model_dump(mode="json")
+        except Exception:  # a rendering must never fail
+            return str(value)
+    if isinstance(value, (dict, list, tuple)):
+        try:
+            return json.dumps(value, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):
+            return str(value)
+    return str(value)
+
+
+def _truncate_middle(text: str, limit: int) -> str:
+    """Keep the head and tail of ``text`` so that the result, marker included, has at most ``limit`` characters."""
+    if limit <= 0:
+        return ""
+    if len(text) <= limit:
+        return text
+    omitted = len(text) - limit
+    for _ in range(4):  # the marker's length depends on the count it reports; this settles in one or two rounds
+        marker = f" … [{omitted} chars omitted] … "
+        keep = limit - len(marker)
+        if keep < 2:
+            return text[:limit]
+        head, tail = keep - keep // 2, keep // 2
+        if len(text) - head - tail == omitted:
+            break
+        omitted = len(text) - head - tail
+    marker = f" … [{omitted} chars omitted] … "
+    return text[:head] + marker + text[len(text) - tail :]
+
+
+def _field_lines(fields: Sequence[tuple[str, Any]], value_limit: int | None = None) -> list[str]:
+    lines = []
+    for name, value in fields:
+        text = _format_value(value)
+        if value_limit is not None:
+            text = _truncate_middle(text, value_limit)
+        lines.append(f"{name}: {text}")
+    return lines
+
+
+def _prediction_fields(prediction: Any, exclude: Collection[str] = ()) -> list[tuple[str, Any]] | None:
+    """The output fields of a prediction (or a dict), or None when it is neither."""
+    if isinstance(prediction, dspy.Prediction):
+        return [(k, v) for k, v in prediction.items() if k not in exclude]
+    if isinstance(prediction, dict):
+        return [(str(k), v) for k, v in prediction.items() if k not in exclude]
+    return None
+
+
+def _react_trajectory(prediction: Any) -> dict[str, Any] | None:
+    """The ``trajectory`` dict of a ``dspy.ReAct`` prediction, or None for any other prediction."""
+    if not isinstance(prediction, dspy.Prediction):
+        return None
+    trajectory = prediction.get("trajectory")
+    if not isinstance(trajectory, dict) or not all(_REACT_KEY.match(str(key)) for key in trajectory):
+        return None
+    return trajectory
+
+
+def _failure_line(error: BaseException) -> str:
+    return f"The program failed: {type(error).__name__}: {error}"
+
+
+def _render_react(trajectory: dict[str, Any], max_observation_chars: int) -> list[str]:
+    steps: dict[int, dict[str, Any]] = {}
+    for key, value in trajectory.items():
+        kind, index = _REACT_KEY.match(str(key)).groups()
+        steps.setdefault(int(index), {})[kind] = value
+    if not steps:
+        return ["(no tool calls)"]
+    blocks = []
+    for index in sorted(steps):
+        step = steps[index]
+        lines = [f"Step {index + 1}"]
+        if "thought" in step:
+            lines.append(f"Thought: {_format_value(step['thought'])}")
+        if "tool_name" in step:
+            lines.append(f"Tool: {_format_value(step['tool_name'])}")
+        if "tool_args" in step:
+            lines.append(f"Arguments: {_format_value(step['tool_args'])}")
+        if "observation" in step:
+            observation = _truncate_middle(_format_value(step["observation"]), max_observation_chars)
+            lines.append(f"Observation: {observation}")
+        blocks.append("\n".join(lines))
+    return blocks
+
+
+def _predictor_label(predictor: Any) -> str:
+    signature = getattr(predictor, "signature", None)
+    spelled = getattr(signature, "signature", None)
+    return spelled if isinstance(spelled, str) else type(predictor).__name__
+
+
+def _render_trace(
+    trace: Sequence[Any], label_fields: Collection[str], max_observation_chars: int
+) -> tuple[list[str], list[tuple[str, Any]] | None]:
+    """Render trace steps; also return the last step's outputs (to avoid repeating them as the final outputs)."""
+    blocks = []
+    last_outputs = None
+    for number, entry in enumerate(trace, start=1):
+        try:
+            predictor, inputs, outputs = entry
+        except (TypeError, ValueError):
+            blocks.append(f"Step {number}\n{_format_value(entry)}")
+            continue
+        lines = [f"Step {number} ({_predictor_label(predictor)})"]
+        input_fields = [(str(k), v) for k, v in dict(inputs or {}).items() if k not in label_fields]
+        if input_fields:
+            lines.append("Inputs:")
+            lines.extend(_field_lines(input_fields, max_observation_chars))
+        last_outputs = _prediction_fields(outputs)
+        lines.append("Outputs:")
+        lines.extend(_field_lines(last_outputs) if last_outputs is not None else [_format_value(outputs)])
+        blocks.append("\n".join(lines))
+    return blocks, last_outputs
+
+
+def render_inputs(example: dspy.Example) -> str:
+    """Render an example's input fields, one ``name: value`` line each, for the judge's ``task_input``.
+
+    Only the keys designated by ``example.with_inputs(...)`` are shown; the example's labels never are.
+
+    Args:
+        example: The probe example.
+
+    Returns:
+        The rendered inputs.
+
+    Raises:
+        ValueError: If the example has no designated input keys (so inputs cannot be told from labels).
+    """
+    return "\n".join(_field_lines(list(example.inputs().items())))
+
+
+def render_trajectory(
+    prediction: Any,
+    trace: Sequence[Any] | None = None,
+    *,
+    label_fields: Collection[str] = (),
+    max_chars: int = 4000,
+    max_observation_chars: int = 600,
+) -> str:
+    """Render what a program did on one example, for the judge.
+
+    A ``dspy.ReAct`` prediction (one whose ``trajectory`` is ReAct's dict of ``thought_i``, ``tool_name_i``,
+    ``tool_args_i`` and ``observation_i``) is rendered step by step, then its final outputs. Any other program is
+    rendered from its DSPy ``trace`` -- the ``(predictor, inputs, outputs)`` tuples DSPy records under
+    ``dspy.context(trace=[])`` -- step by step, or, without a trace, as the prediction's fields. If the program
+    raised, pass the exception as ``prediction``: it is rendered as ``The program failed: <ExcType>: <msg>`` after
+    any steps the trace recorded.
+
+    The example itself is never read, so its label values cannot appear. The program's own outputs are always
+    shown, even under a field name that is also a label key: they are what the program produced.
+
+    Args:
+        prediction: The program's prediction, or the exception it raised.
+        trace: The DSPy trace of the run, if recorded. Ignored for ReAct predictions.
+        label_fields: The dataset's label keys. A predictor *input* under one of these names is withheld from the
+            trace rendering, since it could only carry a label value handed to the program; outputs are not affected.
+        max_chars: The whole rendering is cut to this many characters, keeping its head and tail.
+        max_observation_chars: Each ReAct observation, and each predictor input value in a trace, is cut to this many
+            characters, keeping its head and tail (``<head> … [N chars omitted] … <tail>``).
+
+    Returns:
+        The rendered trajectory.
+    """
+    blocks: list[str] = []
+    failed = isinstance(prediction, BaseException)
+    react = None if failed else _react_trajectory(prediction)
+    last_outputs = None
+    if react is not None:
+        blocks.extend(_render_react(react, max_observation_chars))
+        final = _prediction_fields(prediction, exclude=("trajectory",))
+    else:
+        if trace:
+            steps, last_outputs = _render_trace(trace, set(label_fields), max_observation_chars)
+            blocks.extend(steps)
+        final = None if failed else _prediction_fields(prediction)
+
+    if failed:
+        blocks.append(_failure_line(prediction))
+    elif final is None:
+        blocks.append(f"Final output:\n{_format_value(prediction)}")
+    elif final != last_outputs or not blocks:
+        blocks.append("\n".join(["Final outputs:", *_field_lines(final)]))
+    return _truncate_middle("\n\n".join(blocks), max_chars)
+
+
+def clamp_preference(value: Any) -> tuple[float, bool]:
+    """Read a judge's preference as a number in [-10, 10].
+
+    Args:
+        value: An int, a float, or a string holding one (``"3"``, ``"+3"``, ``" -2.5 "``).
+
+    Returns:
+        ``(preference, True)`` with the number clamped to [-10, 10], or ``(0.0, False)`` when the value is not a
+        finite number.
+    """
+    if isinstance(value, bool) or value is None:
+        return 0.0, False
+    try:
+        number = float(value.strip()) if isinstance(value, str) else float(value)
+    except (TypeError, ValueError, OverflowError):
+        return 0.0, False
+    if not math.isfinite(number):
+        return 0.0, False
+    return min(PREFERENCE_MAX, max(PREFERENCE_MIN, number)), True
+
+
+def preference_to_score(mean_preference: float) -> float:
+    """Map a mean preference in [-10, 10] linearly onto a score in [0, 1]: ``(p + 10) / 20``.
+
+    The anchor itself (preference 0) scores 0.5. Values outside [-10, 10] are clamped.
+
+    Args:
+        mean_preference: A candidate's mean preference over the probe examples.
+
+    Returns:
+        The score in [0, 1].
+
+    Raises:
+        ValueError: If ``mean_preference`` is not a finite number (for example the mean of no judgments).
+    """
+    if not math.isfinite(mean_preference):
+        raise ValueError(f"mean_preference must be a finite number, got {mean_preference!r}")
+    return (min(PREFERENCE_MAX, max(PREFERENCE_MIN, mean_preference)) + 10.0) / 20.0
+
+
+class _LMCallCounter(BaseCallback):
+    """Counts LM calls started inside the ``dspy.context`` it is installed in (adapter retries included)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        self.calls += 1
+
+
+class PairwiseJudge:
+    """Compares a candidate trajectory with the anchor trajectory of the same example.
+
+    Args:
+        judge_lm: The LM that judges. None: the judge runs on ``dspy.settings.lm`` (the task model), which is the
+            self-preference this scoring is built on.
+        both_orders: Judge each pair in both positions and halve the difference, cancelling position bias at the
+            price of a second call.
+    """
+
+    def __init__(self, judge_lm: dspy.LM | None = None, *, both_orders: bool = False) -> None:
+        self.judge_lm = judge_lm
+        self.both_orders = both_orders
+        self.predict = dspy.Predict(JudgePreference)
+
+    def _judge(self, task_input: str, a: str, b: str, rollout_id: int | None) -> tuple[float, str, bool]:
+        """One judgment of B relative to A; an unparseable one is (0.0, placeholder, False)."""
+        call: dict[str, Any] = {"task_input": task_input, "trajectory_a": a, "trajectory_b": b}
+        if rollout_id is not None:
+            call["config"] = {"rollout_id": rollout_id}
+        try:
+            result = self.predict(**call)
+        except AdapterParseError as error:
+            logger.warning(
+                "Unparseable judge reply, counted as no preference (0): %s", _truncate_middle(str(error), 500)
+            )
+            return 0.0, _UNPARSEABLE_RATIONALE, False
+        preference, parsed = clamp_preference(getattr(result, "preference", None))
+        rationale = str(getattr(result, "rationale", "") or "").strip()
+        if not parsed:
+            logger.warning(
+                "Judge preference %r is not a number, counted as no preference (0)", getattr(result, "preference", None)
+            )
+            return 0.0, rationale or _UNPARSEABLE_RATIONALE, False
+        return preference, rationale, True
+
+    def compare(self, task_input: str, anchor: str, candidate: str, *, rollout_id: int | None = None) -> Judgment:
+        """Judge how much better ``candidate`` is than ``anchor`` on the same task input.
+
+        One order: the anchor is trajectory A and the candidate B, and the preference is the judgment. Both orders:
+        ``p1`` judges (A=anchor, B=candidate), ``p2`` judges (A=candidate, B=anchor), and the preference is
+        ``(p1 - p2) / 2``.
+
+        Args:
+            task_input: The example's rendered inputs (see :func:`render_inputs`).
+            anchor: The starting program's rendered trajectory on the example.
+            candidate: The candidate's rendered trajectory on the example.
+            rollout_id: If given, passed to the judge call as ``config={"rollout_id": ...}``, so that a repeated
+                identical comparison is not answered from DSPy's cache (effective only at a nonzero temperature).
+
+        Returns:
+            The judgment.
+
+        Raises:
+            dspy.utils.exceptions.LMError: The judge LM failed; not caught here.
+        """
+        counter = _LMCallCounter()
+        # trace=None keeps judge calls out of any trace the caller is recording for the program itself.
+        overrides: dict[str, Any] = {"callbacks": [*(dspy.settings.get("callbacks") or []), counter], "trace": None}
+        if self.judge_lm is not None:
+            overrides["lm"] = self.judge_lm
+        with dspy.context(**overrides):
+            p1, r1, ok1 = self._judge(task_input, anchor, candidate, rollout_id)
+            if not self.both_orders:
+                return Judgment(preference=p1, rationale=r1, parsed=ok1, calls=counter.calls)
+            p2, r2, ok2 = self._judge(task_input, candidate, anchor, rollout_id)
+        return Judgment(
+            preference=(p1 - p2) / 2.0,
+            rationale=f"[candidate as B] {r1} [candidate as A] {r2}",
+            parsed=ok1 and ok2,
+            calls=counter.calls,
+        )

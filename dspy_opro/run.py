@@ -1,0 +1,654 @@
+"""One OPRO compile: input checks, the step loop, recording, resume and final selection.
+
+:class:`OPRORun` holds everything that lives for one ``compile``: the resolved models, the data, the run record
+(:class:`dspy_opro.state.RunState`), the evaluator and the budget. ``execute`` reads as the algorithm does: score the
+program as given (step -1), then for every step pick the predictor, draw the exemplars, build the meta-prompt, ask
+the optimizer, triage the replies, score the new instructions, and finally select what to return.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import dspy
+import tqdm
+
+from dspy_opro.exemplars import NO_REFERENCE_NOTE, draw_exemplar_indices, render_fields
+from dspy_opro.meta_prompt import extract_instruction, gen_meta_prompt, instruction_md5, polish_sentence
+from dspy_opro.programs import (
+    dataset_fingerprint,
+    output_fields,
+    predictor_map,
+    program_fingerprint,
+    read_instructions,
+    with_instructions,
+)
+from dspy_opro.proposer import propose
+from dspy_opro.scoring import (
+    Budget,
+    Evaluator,
+    ExampleJob,
+    ExampleResult,
+    FatalLMError,
+    MetricError,
+    OPRORunError,
+    describe_failure,
+    token_prices,
+)
+from dspy_opro.state import (
+    Candidate,
+    Fingerprint,
+    ProgressJournal,
+    Reply,
+    RunState,
+    Selection,
+    Step,
+    check_fingerprint,
+    digest,
+    load_state,
+    save_state,
+)
+
+if TYPE_CHECKING:
+    from dspy_opro.teleprompter import OPROTeleprompter
+
+logger = logging.getLogger(__name__)
+
+START_ID = 0  # the starting program is always candidate 0
+MAX_EMPTY_STEPS = 3  # steps in a row without a single optimizer reply before the run gives up
+
+
+def _check_examples(name: str, examples: Sequence[Any]) -> list[dspy.Example]:
+    examples = list(examples)
+    for position, example in enumerate(examples):
+        if not isinstance(example, dspy.Example):
+            raise TypeError(f"{name}[{position}] is a {type(example).__name__}, not a dspy.Example")
+        if not example._input_keys:
+            raise ValueError(
+                f"{name}[{position}] has no input fields set; build examples with "
+                "dspy.Example(...).with_inputs('question', ...)"
+            )
+    return examples
+
+
+def _resolve_prompt_model(prompt_model: Any) -> dspy.BaseLM:
+    if isinstance(prompt_model, str):
+        return dspy.LM(prompt_model, engine="litellm")
+    if prompt_model is None:
+        if dspy.settings.lm is None:
+            raise ValueError("no optimizer model: pass prompt_model=... or dspy.configure(lm=...)")
+        return dspy.settings.lm
+    return prompt_model
+
+
+def _mean(values: Sequence[float | None]) -> float:
+    return sum(v for v in values if v is not None) / len(values)
+
+
+class OPRORun:
+    """The state and steps of one ``OPROTeleprompter.compile`` call."""
+
+    def __init__(self, config: OPROTeleprompter, student: dspy.Module, trainset: Sequence[Any],
+                 valset: Sequence[Any] | None):
+        self.cfg = config
+        if not isinstance(student, dspy.Module):
+            raise TypeError(f"compile() needs a dspy.Module to optimize; got {type(student).__name__}")
+        self.trainset = _check_examples("trainset", trainset)
+        self.valset = _check_examples("valset", valset or [])
+        if not self.trainset:
+            raise ValueError("trainset is empty; OPRO scores every instruction on the training examples")
+        all_predictors = list(predictor_map(student))
+        if not all_predictors:
+            raise ValueError("the program has no predictors (dspy.Predict and friends) whose instructions to optimize")
+        unknown = sorted(set(config.predictors or []) - set(all_predictors))
+        if unknown:
+            raise ValueError(f"unknown predictors {unknown}; the program's predictors are {all_predictors}")
+        self.targets = config.predictors or all_predictors
+        if config.select == "validation" and not self.valset:
+            raise ValueError("select='validation' needs a valset: pass compile(..., valset=...) or use select='train'")
+        if config.val_gate and not self.valset:
+            raise ValueError("val_gate=True needs a valset: pass compile(..., valset=...)")
+        if config.num_exemplars > len(self.trainset):
+            raise ValueError(
+                f"num_exemplars={config.num_exemplars} exceeds the trainset size {len(self.trainset)}; lower it"
+            )
+        self.task_lm = config.task_model or dspy.settings.lm
+        if self.task_lm is None:
+            raise ValueError("no task model: pass task_model=... or dspy.configure(lm=...)")
+        self.prompt_lm = _resolve_prompt_model(config.prompt_model)
+        self.num_threads = config.num_threads or dspy.settings.get("num_threads") or 1
+
+        self.base = student.deepcopy()
+        self.settings: dict[str, Any] = {"lm": self.task_lm}
+        if dspy.settings.adapter is not None:
+            self.settings["adapter"] = dspy.settings.adapter
+        self.label_keys = [sorted(example.labels().keys()) for example in self.trainset]
+        self.metric = config.metric if not config.label_free else self._make_preference_metric()
+        self.state = self._load_or_create()
+        if config.label_free:
+            self._restore_anchors()
+        self.evaluator = Evaluator(num_threads=self.num_threads, executor=config.executor)
+        self.budget = Budget(config.max_metric_calls, config.max_cost, metric_calls=self.state.metric_calls,
+                             cost_so_far=lambda: self.state.usage.total_cost)
+        self.journal = ProgressJournal(config.log_dir) if config.log_dir else None
+        self._remaining: dict[tuple[str, int], set[int]] = {}
+        self._infra_errors: dict[tuple[str, int], list[str]] = {}
+        self._progress: tqdm.tqdm | None = None
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Set-up and resume
+
+    def _fingerprint(self) -> Fingerprint:
+        config = {**self.cfg.search_config(), "prompt_model": getattr(self.prompt_lm, "model", None),
+                  "task_model": getattr(self.task_lm, "model", None), "targets": self.targets}
+        return Fingerprint(config=digest(config), trainset=dataset_fingerprint(self.trainset),
+                           valset=dataset_fingerprint(self.valset), program=program_fingerprint(self.base))
+
+    def _load_or_create(self) -> RunState:
+        fingerprint = self._fingerprint()
+        if self.cfg.log_dir:
+            saved = load_state(self.cfg.log_dir)
+            if saved is not None:
+                check_fingerprint(saved, fingerprint, self.cfg.log_dir)
+                self._replay_journal(saved)
+                logger.info("Resuming the OPRO run in %s: %d candidates, %d steps recorded", self.cfg.log_dir,
+                            len(saved.candidates), len(saved.steps))
+                return saved
+        config = {**self.cfg.search_config(), "prompt_model": getattr(self.prompt_lm, "model", None),
+                  "task_model": getattr(self.task_lm, "model", None), "max_metric_calls": self.cfg.max_metric_calls,
+                  "max_cost": self.cfg.max_cost}
+        start = read_instructions(self.base, self.targets)
+        state = RunState(fingerprint=fingerprint, config=config, predictors=self.targets,
+                         train_size=len(self.trainset), val_size=len(self.valset))
+        state.candidates.append(Candidate(id=START_ID, step=-1, predictor=None, instruction="", instructions=start,
+                                          md5=digest(start), scores=[None] * len(self.trainset)))
+        return state
+
+    def _replay_journal(self, state: RunState) -> None:
+        """Apply evaluations that finished after the last snapshot of ``state.json``."""
+        for entry in ProgressJournal.read(self.cfg.log_dir):
+            candidate = state.candidates[entry["c"]] if entry["c"] < len(state.candidates) else None
+            if candidate is None or candidate.status != "pending":
+                continue
+            result = ExampleResult(candidate_id=entry["c"], index=entry["i"], outcome=entry["o"], score=entry["s"],
+                                   error=entry.get("e"), answer=entry.get("a"))
+            self._store(state, candidate, result, entry.get("split", "train"))
+            if "t" in entry:
+                state.anchors[f"{entry.get('split', 'train')}:{entry['i']}"] = entry["t"]
+            state.metric_calls += 1
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The run
+
+    def execute(self) -> dspy.Module:
+        state = self.state
+        try:
+            if state.selection is not None:
+                logger.info("The OPRO run in %s is complete; returning its result without LM calls", self.cfg.log_dir)
+                return self._result()
+            self._announce()
+            self._score_start()
+            for step in range(len(state.steps) - (0 if self._last_step_complete() else 1), self.cfg.num_steps):
+                if state.status == "stopped" or self._check_budget():
+                    break
+                self._run_step(step)
+            self._select()
+            self._save(final=True)
+            return self._result()
+        except BaseException:
+            # Ctrl-C, a fatal LM error or a broken metric: keep what was paid for before the error propagates.
+            self._save()
+            raise
+        finally:
+            self.evaluator.close()
+            if self.journal is not None:
+                self.journal.close()
+            if self._progress is not None:
+                self._progress.close()
+
+    def _announce(self) -> None:
+        cfg, n_train = self.cfg, len(self.trainset)
+        planned = n_train * (1 + cfg.num_steps * cfg.num_candidates)
+        if cfg.select == "validation" or cfg.val_gate:
+            planned += len(self.valset) * (cfg.top_k + (1 if cfg.val_gate else 0))
+        elif cfg.label_free and self.valset:
+            planned += 2 * len(self.valset)
+        if cfg.max_metric_calls is not None:
+            planned = min(planned, cfg.max_metric_calls)
+        logger.info(
+            "OPRO: %d steps x %d candidates over %d training examples, predictors %s; at most %d evaluations planned "
+            "(%d optimizer calls)", cfg.num_steps, cfg.num_candidates, n_train, self.targets, planned,
+            cfg.num_steps * cfg.num_candidates)
+        if cfg.max_cost is not None:
+            for role, lm in (("optimizer", self.prompt_lm), ("task", self.task_lm)):
+                if token_prices(getattr(lm, "model", "")) is None:
+                    warnings.warn(f"max_cost=${cfg.max_cost:g}: the {role} model {lm.model!r} has no known price, so "
+                                  "its calls count as $0 and the cost is reported as unknown", stacklevel=4)
+        self._progress = tqdm.tqdm(total=planned, initial=self.state.metric_calls, desc="OPRO evaluations",
+                                   unit="eval", disable=None, leave=False)
+
+    def _last_step_complete(self) -> bool:
+        return not self.state.steps or self.state.steps[-1].complete
+
+    def _check_budget(self) -> bool:
+        reason = self.budget.exhausted()
+        if reason is not None:
+            self._stop(reason)
+        return reason is not None
+
+    def _stop(self, reason: str) -> None:
+        if self.state.status != "stopped":
+            logger.info("OPRO stops: %s; everything scored so far is kept", reason)
+        self.state.status = "stopped"
+        self.state.stop_reason = reason
+
+    def _score_start(self) -> None:
+        start = self.state.candidates[START_ID]
+        if start.status != "pending":
+            return
+        logger.info("Step -1: scoring the program as given on %d training examples", len(self.trainset))
+        self._score([start], "train")
+        if start.status == "scored":
+            logger.info("Step -1: training score %.1f", 100 * start.score)
+
+    def _run_step(self, step: int) -> None:
+        state, cfg = self.state, self.cfg
+        record = state.steps[step] if step < len(state.steps) else None
+        if record is None:
+            predictor = self.targets[step % len(self.targets)]
+            exemplar_indices = self._draw_exemplars(step)
+            meta_prompt = gen_meta_prompt(
+                self._history(predictor),
+                self._exemplars(exemplar_indices, predictor) if cfg.num_exemplars else None,
+                optimizer_family=cfg.optimizer_family, instruction_pos=cfg.instruction_pos,
+                meta_prompt_type=cfg.meta_prompt_type, include_qa=cfg.include_qa, score_threshold=cfg.score_threshold,
+                max_num_instructions=cfg.max_num_instructions, num_score_buckets=cfg.num_score_buckets,
+                task_description=cfg.task_description)
+            logger.info("Step %d: optimizing %r with exemplars %s", step, predictor, exemplar_indices)
+            proposals = propose(self.prompt_lm, meta_prompt, num_candidates=cfg.num_candidates, step=step,
+                                seed=cfg.seed, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                                num_threads=self.num_threads)
+            state.usage.record("optimizer", proposals.usage)
+            record = Step(step=step, predictor=predictor, exemplar_indices=exemplar_indices, meta_prompt=meta_prompt,
+                          temperature=cfg.temperature, failed_calls=proposals.failed_calls, errors=proposals.errors)
+            self._triage(record, proposals.replies)
+            state.steps.append(record)
+            self._save()
+            self._check_empty_steps()
+        new = [c for c in state.candidates if c.step == step and c.status == "pending"]
+        fates = [reply.fate for reply in record.replies]
+        logger.info("Step %d: %d replies, %d new, %d duplicates, %d skipped, %d failed calls", step, len(fates),
+                    fates.count("new"), fates.count("duplicate"),
+                    len(fates) - fates.count("new") - fates.count("duplicate"), record.failed_calls)
+        self._score(new, "train")
+        best = state.best()
+        record.best_score = best.score if best is not None else None
+        record.complete = state.status != "stopped"
+        self._save()
+        self._write_step_report(step)
+        if best is not None:
+            logger.info("Step %d: best training score so far %.1f", step, 100 * best.score)
+
+    def _check_empty_steps(self) -> None:
+        empty = 0
+        for record in reversed(self.state.steps):
+            if record.replies:
+                break
+            empty += 1
+        if empty >= MAX_EMPTY_STEPS:
+            last = self.state.steps[-1].errors[-1] if self.state.steps[-1].errors else "no error recorded"
+            self._stop(f"{empty} steps in a row without an optimizer reply")
+            raise OPRORunError(f"the optimizer model returned no reply in {empty} steps in a row; last error: {last}")
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Meta-prompt inputs
+
+    def _history(self, predictor: str) -> list[tuple[str, float, int]]:
+        history = []
+        for candidate in self.state.scored():
+            if candidate.predictor is None:
+                history.append((candidate.instructions[predictor], candidate.score, -1))
+            elif candidate.predictor == predictor:
+                history.append((candidate.instruction, candidate.score, candidate.step))
+        return history
+
+    def _draw_exemplars(self, step: int) -> list[int]:
+        cfg = self.cfg
+        best = self.state.best()
+        failed = set(best.failed) if best is not None else set()
+        eligible = [i for i in range(len(self.trainset)) if i not in failed]
+        k = min(cfg.num_exemplars, len(eligible))
+        if cfg.exemplar_selection != "hard_diverse":
+            return draw_exemplar_indices(eligible, k, step, seed=cfg.seed, criteria=cfg.exemplar_selection)
+        from dspy_opro.diversity import select_hard_diverse
+
+        difficulties = None
+        scored = [c for c in self.state.scored() if c.scores]
+        if step > 0 and scored:
+            difficulties = []
+            for i in eligible:
+                values = [c.scores[i] for c in scored if c.scores[i] is not None]
+                difficulties.append(1.0 - sum(values) / len(values) if values else 1.0)
+        texts = [self._question(i) for i in eligible]
+        selection = select_hard_diverse(texts, difficulties, k, theta=cfg.diversity_theta)
+        return sorted(eligible[j] for j in selection.indices)
+
+    def _question(self, index: int) -> str:
+        return render_fields(dict(self.trainset[index].inputs().items()))
+
+    def _label_fields(self, index: int, predictor: str) -> list[str]:
+        if self.cfg.label_free:
+            return []
+        labels = set(self.label_keys[index])
+        return [name for name in output_fields(self.base, predictor) if name in labels]
+
+    def _needs_answer(self, index: int) -> bool:
+        return any(not self._label_fields(index, predictor) for predictor in self.targets)
+
+    def _exemplars(self, indices: list[int], predictor: str) -> list[tuple[str, str]]:
+        best = self.state.best()
+        pairs = []
+        for i in indices:
+            fields = self._label_fields(i, predictor)
+            if fields:
+                answer = render_fields({name: self.trainset[i][name] for name in fields})
+            else:
+                answer = (best.answers.get(i) if best is not None else None) or NO_REFERENCE_NOTE
+            pairs.append((self._question(i), answer))
+        return pairs
+
+    def _triage(self, record: Step, replies: list[str]) -> None:
+        """Extract, polish and de-duplicate the replies; new instructions become pending candidates."""
+        cfg, state = self.cfg, self.state
+        predictor = record.predictor
+        seen = {instruction_md5(state.candidates[START_ID].instructions[predictor]): START_ID}
+        seen.update({c.md5: c.id for c in state.candidates if c.predictor == predictor})
+        best = state.best() or state.candidates[START_ID]
+        for text in replies:
+            instruction = extract_instruction(text, optimizer_family=cfg.optimizer_family,
+                                              instruction_pos=cfg.instruction_pos,
+                                              meta_prompt_type=cfg.meta_prompt_type)
+            if instruction is None:
+                record.replies.append(Reply(text=text, instruction=None, fate="no_instruction"))
+                continue
+            instruction = polish_sentence(instruction)
+            md5 = instruction_md5(instruction)
+            if md5 in seen:
+                record.replies.append(Reply(text=text, instruction=instruction, fate="duplicate",
+                                            candidate_id=seen[md5]))
+                continue
+            fate, reason = self._skip_reason(instruction)
+            candidate = Candidate(id=len(state.candidates), step=record.step, predictor=predictor,
+                                  instruction=instruction, instructions={**best.instructions, predictor: instruction},
+                                  md5=md5, status="skipped" if reason else "pending", reason=reason,
+                                  scores=[] if reason else [None] * len(self.trainset))
+            state.candidates.append(candidate)
+            seen[md5] = candidate.id
+            record.replies.append(Reply(text=text, instruction=instruction, fate=fate, candidate_id=candidate.id))
+
+    def _skip_reason(self, instruction: str) -> tuple[str, str | None]:
+        if not instruction:
+            return "empty", "empty instruction"
+        limit = self.cfg.max_instruction_chars
+        if limit is not None and len(instruction) > limit:
+            return "too_long", f"{len(instruction)} characters > max_instruction_chars={limit}"
+        if "INS" in instruction:  # the authors' filter against leftover <INS> tags (case-sensitive, as theirs)
+            return "contains_ins", "contains 'INS' (a leftover tag)"
+        return "new", None
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Scoring
+
+    def _examples(self, split: str) -> list[dspy.Example]:
+        return self.trainset if split == "train" else self.valset
+
+    def _score(self, candidates: list[Candidate], split: str) -> None:
+        """Score candidates on every example of a split that they have no score for; all candidates in parallel."""
+        examples = self._examples(split)
+        todo: list[tuple[Candidate, list[int]]] = []
+        for candidate in candidates:
+            if split == "val" and candidate.val_scores is None:
+                candidate.val_scores = [None] * len(examples)
+            scores = candidate.scores if split == "train" else candidate.val_scores
+            missing = [i for i, value in enumerate(scores) if value is None]
+            key = (split, candidate.id)
+            self._remaining[key] = set(missing)
+            self._infra_errors[key] = []
+            if missing:
+                todo.append((candidate, missing))
+            else:
+                self._finish(candidate, split)
+
+        def jobs() -> Iterator[ExampleJob]:
+            for candidate, missing in todo:
+                program = with_instructions(self.base, candidate.instructions)
+                metric = self.metric if candidate.id != START_ID or not self.cfg.label_free else None
+                for i in missing:
+                    yield ExampleJob(
+                        candidate_id=candidate.id, index=i, program=program, example=examples[i], metric=metric,
+                        failure_score=self.cfg.failure_score, settings=self.settings, split=split,
+                        answer_fields=(self.label_keys[i] if not self.cfg.label_free else [])
+                        if split == "train" and self._needs_answer(i) else None,
+                        keep_trace=self.cfg.label_free and candidate.id == START_ID)
+
+        stop_reason = self.evaluator.run(jobs(), self.budget, self._on_result)
+        if stop_reason is not None:
+            self._stop(stop_reason)
+            for candidate, _ in todo:
+                key = (split, candidate.id)
+                if self._remaining.get(key):
+                    if split == "train":
+                        candidate.status = "unscored"
+                        candidate.reason = f"cut short: {stop_reason}"
+                    self._remaining.pop(key)
+            self._save()
+
+    def _on_result(self, result: ExampleResult) -> None:
+        state = self.state
+        candidate = state.candidates[result.candidate_id]
+        split = result.split
+        state.usage.record("task", result.usage)
+        state.metric_calls += 1
+        if self._progress is not None:
+            self._progress.update(1)
+        example = self._examples(split)[result.index]
+        if result.outcome == "fatal":
+            raise FatalLMError(f"the task model failed in a way retrying cannot fix on "
+                               f"{describe_failure(result, example)}. Check its API key, billing and model name.")
+        if result.outcome == "metric_error":
+            raise MetricError(f"the metric failed on {describe_failure(result, example)}. Fix the metric: it must "
+                              "return a float in [0, 1], a bool, or dspy.Prediction(score=..., feedback=...).")
+        if self.cfg.label_free and candidate.id == START_ID:
+            self._store_anchor(split, result)
+        if self.journal is not None:
+            entry = {"c": result.candidate_id, "i": result.index, "o": result.outcome, "s": result.score,
+                     "e": result.error, "a": result.answer, "split": split}
+            if self.cfg.label_free and candidate.id == START_ID:
+                entry["t"] = state.anchors[f"{split}:{result.index}"]
+            self.journal.append(entry)
+        self._store(state, candidate, result, split)
+        key = (split, candidate.id)
+        self._remaining[key].discard(result.index)
+        if result.outcome == "infra":
+            self._infra_errors[key].append(result.error or "unknown error")
+        if not self._remaining[key]:
+            self._remaining.pop(key)
+            self._finish(candidate, split)
+            self._save()
+
+    @staticmethod
+    def _store(state: RunState, candidate: Candidate, result: ExampleResult, split: str) -> None:
+        if split == "val":
+            candidate.val_scores[result.index] = result.score
+            return
+        candidate.scores[result.index] = result.score
+        if result.outcome == "failed" and result.index not in candidate.failed:
+            candidate.failed.append(result.index)
+        if result.answer is not None:
+            candidate.answers[result.index] = result.answer
+
+    def _finish(self, candidate: Candidate, split: str) -> None:
+        errors = self._infra_errors.pop((split, candidate.id), [])
+        scores = candidate.scores if split == "train" else candidate.val_scores
+        complete = all(value is not None for value in scores)
+        if split == "val":
+            candidate.val_score = _mean(scores) if complete else None
+            return
+        if not complete:
+            candidate.status = "unscored"
+            last = errors[-1] if errors else ""
+            candidate.reason = f"LM failures on {len(errors)} examples after a retry; last: {last}"
+            logger.info("Candidate %d unscored: %s", candidate.id, candidate.reason)
+            return
+        candidate.status = "scored"
+        candidate.score = _mean(scores)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Label-free scoring
+
+    def _make_preference_metric(self) -> Any:
+        from dspy_opro.labelfree import AnchorPreferenceMetric
+
+        return AnchorPreferenceMetric(judge_lm=self.cfg.judge_model, both_orders=self.cfg.both_orders)
+
+    def _store_anchor(self, split: str, result: ExampleResult) -> None:
+        from dspy_opro.labelfree import anchor_text
+
+        self.state.anchors[f"{split}:{result.index}"] = anchor_text(result)
+        self._restore_anchors()
+        # The anchor against itself is "comparable": preference 0, score 0.5.
+        result.score = 0.5
+        result.outcome = "ok"
+
+    def _restore_anchors(self) -> None:
+        from dspy_opro.labelfree import example_key
+
+        for key, text in self.state.anchors.items():
+            split, index = key.split(":")
+            self.metric.anchors[example_key(self._examples(split)[int(index)])] = text
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Final selection
+
+    def _select(self) -> None:
+        state, cfg = self.state, self.cfg
+        best = state.best()
+        if best is None:
+            raise OPRORunError("no candidate could be scored, not even the program as given; see the run record")
+        if cfg.label_free:
+            self._select_label_free(best)
+        elif cfg.select == "validation" or cfg.val_gate:
+            self._select_on_validation(best)
+        else:
+            state.selection = Selection(candidate_id=best.id, selected_by="train",
+                                        reason=f"best training score {100 * best.score:.1f}")
+        if state.status != "stopped":
+            state.status = "finished"
+        logger.info("OPRO selected candidate %d (%s)", state.selection.candidate_id, state.selection.reason)
+
+    def _top_k(self) -> list[Candidate]:
+        return sorted(self.state.scored(), key=lambda c: -c.score)[: self.cfg.top_k]
+
+    def _select_on_validation(self, best: Candidate) -> None:
+        state, cfg = self.state, self.cfg
+        contenders = self._top_k()
+        start = state.candidates[START_ID]
+        to_score = contenders + ([start] if cfg.val_gate and start not in contenders else [])
+        self._score(to_score, "val")
+        if any(c.val_score is None for c in to_score):
+            state.selection = Selection(candidate_id=best.id, selected_by="train",
+                                        reason="validation could not be completed (budget or LM failures); "
+                                               f"fell back to the best training score {100 * best.score:.1f}")
+            return
+        winner = max(contenders, key=lambda c: c.val_score)  # max keeps the first (best on training) among ties
+        state.start_val_score = start.val_score
+        if not cfg.val_gate:
+            state.selection = Selection(candidate_id=winner.id, selected_by="validation",
+                                        reason=f"best validation score {100 * winner.val_score:.1f} of the top "
+                                               f"{len(contenders)} on training")
+        elif winner.id != START_ID and winner.val_score > start.val_score + cfg.min_delta:
+            state.selection = Selection(candidate_id=winner.id, selected_by="val_gate",
+                                        reason=f"validation {100 * winner.val_score:.1f} beats the starting program's "
+                                               f"{100 * start.val_score:.1f} by more than min_delta={cfg.min_delta}")
+        else:
+            state.selection = Selection(candidate_id=START_ID, selected_by="start",
+                                        reason=f"the best candidate's validation {100 * winner.val_score:.1f} does "
+                                               f"not beat the starting program's {100 * start.val_score:.1f} by more "
+                                               f"than min_delta={cfg.min_delta}; returning the program unchanged")
+
+    def _select_label_free(self, best: Candidate) -> None:
+        state = self.state
+        start = state.candidates[START_ID]
+        if best.id == START_ID:
+            state.selection = Selection(candidate_id=START_ID, selected_by="start",
+                                        reason="no candidate was preferred over the starting program on training")
+            return
+        if self.valset:
+            self._score([start], "val")  # runs the starting program: the validation anchors
+            self._score([best], "val")
+            gate_score = best.val_score
+            where = "validation"
+        else:
+            warnings.warn("label-free OPRO without a valset gates on the training examples, which the search "
+                          "already selected on; pass a valset for an unbiased gate", stacklevel=4)
+            gate_score, where = best.score, "training"
+        if gate_score is None:
+            state.selection = Selection(candidate_id=START_ID, selected_by="start",
+                                        reason="the gate could not be evaluated (budget or LM failures)")
+            return
+        mean_preference = 20 * gate_score - 10
+        if mean_preference > 0:
+            state.selection = Selection(candidate_id=best.id, selected_by="val_gate",
+                                        reason=f"mean {where} preference {mean_preference:+.2f} over the starting "
+                                               "program is above 0")
+        else:
+            state.selection = Selection(candidate_id=START_ID, selected_by="start",
+                                        reason=f"mean {where} preference {mean_preference:+.2f} over the starting "
+                                               "program is not above 0; returning the program unchanged")
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Output
+
+    def _result(self) -> dspy.Module:
+        state = self.state
+        chosen = state.candidates[state.selection.candidate_id]
+        program = with_instructions(self.base, chosen.instructions)
+        ranked = sorted(state.scored(), key=lambda c: -c.score)
+        program.candidate_programs = [
+            {"score": c.score, "program": with_instructions(self.base, c.instructions),
+             "instructions": dict(c.instructions), "step": c.step, "val_score": c.val_score}
+            for c in ranked
+        ]
+        program.opro_run = state
+        program._compiled = True
+        return program
+
+    def _save(self, *, final: bool = False) -> None:
+        if not self.cfg.log_dir:
+            return
+        save_state(self.state, self.cfg.log_dir)
+        if self.journal is not None:
+            self.journal.clear()
+        if final:
+            try:
+                from dspy_opro.report import write_run_report
+
+                write_run_report(self.state, self.cfg.log_dir)
+            except Exception as exc:  # a report must never cost the run
+                logger.warning("Could not write the run report: %s", exc)
+
+    def _write_step_report(self, step: int) -> None:
+        if not self.cfg.log_dir:
+            return
+        try:
+            from dspy_opro.report import write_step_files
+
+            write_step_files(self.state, step, self.cfg.log_dir)
+        except Exception as exc:
+            logger.warning("Could not write the report of step %d: %s", step, exc)
+
+
+__all__ = ["OPRORun"]

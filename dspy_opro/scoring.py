@@ -1,0 +1,419 @@
+"""Run a program on examples and turn each run into a score, under OPRO's failure rules.
+
+One evaluation is one program run on one example followed by the metric. Each run happens in a worker (a thread of
+the optimizer's pool or any ``concurrent.futures.Executor``, a Dask cluster included) with the caller's DSPy context
+(task LM, adapter) and a usage tracker of its own, so usage is exact under any number of threads. The run's outcome
+is classified by what went wrong:
+
+* ``ok``: the program answered and the metric scored it (a wrong answer scores 0);
+* ``failed``: the program raised something that is not an infrastructure problem (for example the model's output
+  could not be parsed); the run scores ``failure_score``;
+* ``infra``: an LM transport or provider failure (rate limit, server error, timeout, connection), or a worker that
+  died; retried once, then the example has no score and its candidate is recorded ``unscored``;
+* ``fatal``: authentication, billing or configuration errors; the run stops;
+* ``metric_error``: the metric raised or returned None, NaN or a value outside [0, 1]; the run stops and the error
+  names the example.
+
+:class:`Evaluator` feeds (candidate, example) jobs to the executor lazily, so the ``max_metric_calls`` and
+``max_cost`` budgets stop it at an exact count, and hands each finished result back to the caller in the calling
+thread, which records and persists it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import dspy
+from dspy.dsp.utils.settings import thread_local_overrides
+from dspy.utils.callback import BaseCallback
+from dspy.utils.exceptions import (
+    ContextWindowExceededError,
+    LMAuthError,
+    LMBillingError,
+    LMConfigurationError,
+    LMError,
+    LMUnexpectedError,
+    LMUnsupportedFeatureError,
+    LMUnsupportedModelError,
+    is_retryable_lm_error,
+)
+from dspy.utils.usage_tracker import UsageTracker
+
+from dspy_opro.exemplars import NO_REFERENCE_NOTE, render_fields
+from dspy_opro.state import ModelUsage
+
+logger = logging.getLogger(__name__)
+
+Outcome = Literal["ok", "failed", "infra", "fatal", "metric_error"]
+
+_FATAL_LM_ERRORS = (
+    LMAuthError, LMBillingError, LMConfigurationError, LMUnsupportedFeatureError, LMUnsupportedModelError,
+)
+
+
+class OPRORunError(RuntimeError):
+    """An error that stops an OPRO run (state is saved first when a ``log_dir`` is set)."""
+
+
+class MetricError(OPRORunError, ValueError):
+    """The metric raised, or returned something that is not a score in [0, 1]."""
+
+
+class FatalLMError(OPRORunError):
+    """Authentication, billing or configuration failure of a model: retrying cannot help."""
+
+
+def classify_exception(exc: BaseException) -> Literal["infra", "fatal", "failed"]:
+    """Sort a program exception into OPRO's failure classes."""
+    if isinstance(exc, _FATAL_LM_ERRORS):
+        return "fatal"
+    if isinstance(exc, ContextWindowExceededError):
+        return "failed"  # this example is too long for the model; others may not be
+    if is_retryable_lm_error(exc) or isinstance(exc, LMUnexpectedError):
+        return "infra"
+    return "failed"
+
+
+def coerce_score(value: Any) -> float:
+    """Turn a metric's return value into a float in [0, 1], or raise ValueError saying what was wrong."""
+    if isinstance(value, dspy.Prediction) or (hasattr(value, "score") and not isinstance(value, (int, float))):
+        value = getattr(value, "score", None)
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    if value is None:
+        raise ValueError("the metric returned None")
+    try:
+        score = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"the metric returned {value!r}, which is not a number") from None
+    if math.isnan(score):
+        raise ValueError("the metric returned NaN")
+    if not 0.0 <= score <= 1.0:
+        raise ValueError(f"the metric returned {score}, outside [0, 1]")
+    return score
+
+
+def metric_feedback(value: Any) -> str | None:
+    """The textual feedback of a metric that returns ``dspy.Prediction(score=..., feedback=...)``."""
+    feedback = getattr(value, "feedback", None)
+    return feedback if isinstance(feedback, str) and feedback.strip() else None
+
+
+def exemplar_answer(prediction: Any, score: float | None, feedback: str | None, label_keys: list[str]) -> str:
+    """The answer shown for an example without usable labels (see :mod:`dspy_opro.exemplars`).
+
+    The program's output counts when the metric judged it fully right: its fields named like the example's labels,
+    or, when the example has none, all of its fields but a ReAct trajectory.
+    """
+    if prediction is not None and score is not None and score >= 1.0:
+        keys = [key for key in prediction.keys() if key != "trajectory"]
+        values = {key: prediction[key] for key in keys if not label_keys or key in label_keys}
+        if values:
+            return render_fields(values)
+    if feedback:
+        return feedback
+    return NO_REFERENCE_NOTE
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Usage accounting of one job
+
+
+class _CountingTracker(UsageTracker):
+    """DSPy's usage tracker, counting the entries it receives (DSPy skips it on cache hits)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entries: dict[str, int] = {}
+
+    def add_usage(self, lm: str, usage_entry: dict[str, Any]) -> None:
+        super().add_usage(lm, usage_entry)
+        self.entries[lm] = self.entries.get(lm, 0) + 1
+
+
+class _CallCounter(BaseCallback):
+    """Counts successful LM calls per model, cache hits included."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, str] = {}
+        self.calls: dict[str, int] = {}
+
+    def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        self._models[call_id] = getattr(instance, "model", "unknown")
+
+    def on_lm_end(self, call_id: str, outputs: Any, exception: Exception | None = None) -> None:
+        model = self._models.pop(call_id, "unknown")
+        if exception is None:
+            self.calls[model] = self.calls.get(model, 0) + 1
+
+
+_PRICES: dict[str, tuple[float, float] | None] = {}
+_PRICES_LOCK = threading.Lock()
+
+
+def token_prices(model: str) -> tuple[float, float] | None:
+    """USD per prompt and per completion token from LiteLLM's price map, or None when the model has no price."""
+    with _PRICES_LOCK:
+        if model in _PRICES:
+            return _PRICES[model]
+    try:
+        import litellm
+
+        prompt, completion = litellm.cost_per_token(model=model, prompt_tokens=1_000_000, completion_tokens=1_000_000)
+        price: tuple[float, float] | None = (prompt / 1_000_000, completion / 1_000_000)
+        if price == (0.0, 0.0):
+            price = None
+    except Exception:
+        price = None
+    with _PRICES_LOCK:
+        _PRICES[model] = price
+    return price
+
+
+class UsageCapture:
+    """Captures the LM usage of the code run inside :meth:`active`, per model, on this thread only."""
+
+    def __init__(self) -> None:
+        self._tracker = _CountingTracker()
+        self._counter = _CallCounter()
+
+    def active(self, **overrides: Any) -> Any:
+        callbacks = [*dspy.settings.get("callbacks", []), self._counter]
+        return dspy.context(usage_tracker=self._tracker, callbacks=callbacks, **overrides)
+
+    def result(self) -> dict[str, ModelUsage]:
+        totals = self._tracker.get_total_tokens()
+        models = set(totals) | set(self._counter.calls) | set(self._tracker.entries)
+        usage: dict[str, ModelUsage] = {}
+        for model in models:
+            tokens = totals.get(model, {})
+            prompt = int(tokens.get("prompt_tokens") or 0)
+            completion = int(tokens.get("completion_tokens") or 0)
+            paid = self._tracker.entries.get(model, 0)
+            calls = max(self._counter.calls.get(model, 0), paid)
+            price = token_prices(model) if paid else (0.0, 0.0)
+            usage[model] = ModelUsage(
+                calls=calls,
+                cache_hits=calls - paid,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                cost=(prompt * price[0] + completion * price[1]) if price else 0.0,
+                unpriced_calls=0 if price else paid,
+            )
+        return usage
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One evaluation
+
+
+@dataclass
+class ExampleJob:
+    """Everything one evaluation needs; it travels to the worker (pickled for process-based executors)."""
+
+    candidate_id: int
+    index: int
+    program: Any
+    example: Any
+    metric: Callable[..., Any] | None
+    failure_score: float
+    settings: dict[str, Any]
+    split: str = "train"
+    answer_fields: list[str] | None = None  # set when the example needs an exemplar answer: the label keys
+    keep_trace: bool = False  # record the DSPy trace: handed to the metric, and returned when there is no metric
+
+
+@dataclass
+class ExampleResult:
+    candidate_id: int
+    index: int
+    outcome: Outcome
+    score: float | None = None
+    error: str | None = None
+    answer: str | None = None
+    usage: dict[str, ModelUsage] = field(default_factory=dict)
+    split: str = "train"
+    prediction: Any = None
+    trace: list[Any] | None = None
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def run_example(job: ExampleJob, *, transport_retries: int = 1) -> ExampleResult:
+    """Run the program on one example and score it; never raises (the outcome says what happened)."""
+    capture = UsageCapture()
+    prediction: Any = None
+    trace: list[Any] = []
+    attempts = 0
+    while True:
+        attempts += 1
+        trace = []
+        try:
+            with capture.active(trace=trace, **job.settings):
+                prediction = job.program(**job.example.inputs())
+            break
+        except Exception as exc:  # the program's own failure, classified below
+            kind = classify_exception(exc)
+            if kind == "infra" and attempts <= transport_retries:
+                logger.debug("Retrying example %d after %s", job.index, _describe(exc))
+                continue
+            outcome: Outcome = "fatal" if kind == "fatal" else kind
+            score = job.failure_score if kind == "failed" else None
+            answer = NO_REFERENCE_NOTE if job.answer_fields is not None else None
+            return ExampleResult(job.candidate_id, job.index, outcome, score=score, error=_describe(exc),
+                                 answer=answer, usage=capture.result(), split=job.split,
+                                 trace=trace if job.keep_trace and job.metric is None else None)
+    if job.metric is None:
+        return ExampleResult(job.candidate_id, job.index, "ok", usage=capture.result(), split=job.split,
+                             prediction=prediction, trace=trace if job.keep_trace else None)
+    try:
+        with capture.active(**job.settings):
+            value = job.metric(job.example, prediction, trace if job.keep_trace else None)
+        score = coerce_score(value)
+    except Exception as exc:
+        return ExampleResult(job.candidate_id, job.index, "metric_error", error=_describe(exc), usage=capture.result(),
+                             split=job.split)
+    answer = None
+    if job.answer_fields is not None:
+        answer = exemplar_answer(prediction, score, metric_feedback(value), job.answer_fields)
+    return ExampleResult(job.candidate_id, job.index, "ok", score=score, answer=answer, usage=capture.result(),
+                         split=job.split)
+
+
+def _run_in_context(overrides: dict[str, Any], job: ExampleJob) -> ExampleResult:
+    """Thread entry: adopt the submitting thread's DSPy overrides, then run the job."""
+    token = thread_local_overrides.set({**thread_local_overrides.get(), **overrides})
+    try:
+        return run_example(job)
+    finally:
+        thread_local_overrides.reset(token)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fan-out with budget
+
+
+@dataclass
+class Budget:
+    """Counts evaluations and cost against the run's limits."""
+
+    max_metric_calls: int | None = None
+    max_cost: float | None = None
+    metric_calls: int = 0
+    cost_so_far: Callable[[], float] = lambda: 0.0
+
+    def exhausted(self) -> str | None:
+        if self.max_metric_calls is not None and self.metric_calls >= self.max_metric_calls:
+            return f"max_metric_calls={self.max_metric_calls} reached"
+        if self.max_cost is not None and self.cost_so_far() >= self.max_cost:
+            return f"max_cost=${self.max_cost:g} reached (spent ${self.cost_so_far():.4f})"
+        return None
+
+
+class Evaluator:
+    """Runs (candidate, example) jobs on a thread pool or a given executor, within a budget.
+
+    Args:
+        num_threads: Worker threads when no executor is given.
+        executor: Any ``concurrent.futures.Executor``; jobs are pickled if it runs them in other processes.
+    """
+
+    def __init__(self, *, num_threads: int = 1, executor: cf.Executor | None = None):
+        self.num_threads = max(1, num_threads)
+        self._external = executor
+        self._pool: cf.ThreadPoolExecutor | None = None
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.num_threads * 2 if self._external is None else max(self.num_threads, 8) * 2
+
+    def _submit(self, job: ExampleJob) -> cf.Future[ExampleResult]:
+        if self._external is not None:
+            return self._external.submit(run_example, job)
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="opro-eval")
+        return self._pool.submit(_run_in_context, thread_local_overrides.get().copy(), job)
+
+    def run(self, jobs: Iterable[ExampleJob], budget: Budget, on_result: Callable[[ExampleResult], None]) -> str | None:
+        """Run ``jobs`` in order until done or the budget is spent; returns the reason it stopped early, if any.
+
+        ``on_result`` is called in this thread for every finished job. A job whose worker failed (for example a
+        Dask worker that died) is resubmitted once and then reported as an ``infra`` outcome.
+        """
+        pending: dict[cf.Future[ExampleResult], tuple[ExampleJob, int]] = {}
+        job_iter: Iterator[ExampleJob] = iter(jobs)
+        stop_reason: str | None = None
+        exhausted_jobs = False
+        try:
+            while True:
+                while not exhausted_jobs and stop_reason is None and len(pending) < self.max_in_flight:
+                    stop_reason = budget.exhausted()
+                    if stop_reason is not None:
+                        break
+                    job = next(job_iter, None)
+                    if job is None:
+                        exhausted_jobs = True
+                        break
+                    budget.metric_calls += 1
+                    pending[self._submit(job)] = (job, 0)
+                if not pending:
+                    return stop_reason
+                done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                for future in done:
+                    job, resubmits = pending.pop(future)
+                    try:
+                        result = future.result()
+                    except Exception as exc:  # the worker itself failed, not the program
+                        if resubmits < 1:
+                            logger.warning("Worker failed on example %d (%s); retrying once", job.index, _describe(exc))
+                            pending[self._submit(job)] = (job, resubmits + 1)
+                            continue
+                        result = ExampleResult(job.candidate_id, job.index, "infra", error=_describe(exc),
+                                               split=job.split)
+                    on_result(result)
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+def describe_failure(result: ExampleResult, example: Any) -> str:
+    """A one-line description of a stopping failure that names the example."""
+    inputs = {k: example[k] for k in example.inputs().keys()} if hasattr(example, "inputs") else example
+    shown = repr(inputs)
+    if len(shown) > 200:
+        shown = shown[:200] + "..."
+    return f"training/validation example {result.index} ({shown}): {result.error}"
+
+
+__all__ = [
+    "Budget",
+    "Evaluator",
+    "ExampleJob",
+    "ExampleResult",
+    "FatalLMError",
+    "LMError",
+    "MetricError",
+    "OPRORunError",
+    "UsageCapture",
+    "classify_exception",
+    "coerce_score",
+    "describe_failure",
+    "exemplar_answer",
+    "metric_feedback",
+    "run_example",
+    "token_prices",
+]
