@@ -505,6 +505,7 @@ class OPRORun:
             return
         candidate.status = "scored"
         candidate.score = _mean(scores)
+        candidate.failed.sort()
 
     # ------------------------------------------------------------------------------------------------------------
     # Label-free scoring

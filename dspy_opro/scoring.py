@@ -109,11 +109,12 @@ def exemplar_answer(prediction: Any, score: float | None, feedback: str | None, 
     """The answer shown for an example without usable labels (see :mod:`dspy_opro.exemplars`).
 
     The program's output counts when the metric judged it fully right: its fields named like the example's labels,
-    or, when the example has none, all of its fields but a ReAct trajectory.
+    or, when none is, all of its fields but a ReAct trajectory.
     """
     if prediction is not None and score is not None and score >= 1.0:
         keys = [key for key in prediction.keys() if key != "trajectory"]
-        values = {key: prediction[key] for key in keys if not label_keys or key in label_keys}
+        named = [key for key in keys if key in label_keys]
+        values = {key: prediction[key] for key in named or keys}
         if values:
             return render_fields(values)
     if feedback:

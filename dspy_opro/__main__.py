@@ -1,0 +1,83 @@
+"""Command line of dspy-opro.
+
+    python -m dspy_opro report LOG_DIR [--no-plot]
+
+``report`` rebuilds ``LOG_DIR/report.md`` and, with matplotlib installed, ``LOG_DIR/trajectory.png`` from
+``LOG_DIR/state.json`` (a finished, stopped or still running OPRO run) and prints the paths written. A missing
+or unreadable state file is reported on stderr with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from dspy_opro.report import PLOT_INSTALL_HINT, TRAJECTORY_FILE, write_run_report
+from dspy_opro.state import STATE_FILE, StateFileError, load_state
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2  # also: no usable state file
+
+
+def _prog() -> str:
+    return "python -m dspy_opro" if Path(sys.argv[0]).name == "__main__.py" else "dspy-opro"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=_prog(), description="Tools for OPRO runs recorded by dspy-opro (the log_dir of a compile)."
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    report = commands.add_parser(
+        "report",
+        help="rewrite report.md and trajectory.png of a run from its state.json",
+        description=f"Rewrite LOG_DIR/report.md and, with matplotlib installed, LOG_DIR/{TRAJECTORY_FILE} "
+        f"from LOG_DIR/{STATE_FILE}.",
+    )
+    report.add_argument("log_dir", metavar="LOG_DIR", type=Path, help="the log_dir given to OPRO's compile")
+    report.add_argument("--no-plot", action="store_true", help=f"do not draw {TRAJECTORY_FILE}")
+    report.set_defaults(handler=_report)
+    return parser
+
+
+def _error(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+
+
+def _report(args: argparse.Namespace) -> int:
+    log_dir: Path = args.log_dir
+    try:
+        state = load_state(log_dir)
+        if state is None:
+            raise StateFileError(f"{log_dir / STATE_FILE} does not exist; LOG_DIR must be the log_dir of an OPRO run.")
+    except StateFileError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    try:
+        written = write_run_report(state, log_dir, plot=not args.no_plot)
+    except OSError as exc:
+        _error(f"cannot write the report in {log_dir}: {exc}")
+        return EXIT_FAILURE
+    for path in written:
+        print(path)
+    if not args.no_plot and not any(path.name == TRAJECTORY_FILE for path in written):
+        print(f"note: {TRAJECTORY_FILE} not drawn, matplotlib is not installed ({PLOT_INSTALL_HINT})", file=sys.stderr)
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error already printed by argparse
+        return exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_USAGE)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

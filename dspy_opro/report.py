@@ -1,0 +1,535 @@
+"""Reports of an OPRO run: one Markdown page per step, one for the run, and the score-trajectory plot.
+
+Everything here is a pure function of a :class:`~dspy_opro.state.RunState`, so a report can be rebuilt at any
+time from ``state.json`` alone (``python -m dspy_opro report LOG_DIR``). Training scores are shown on the
+0-100 scale of the OPRO paper with one decimal. The module imports neither DSPy nor matplotlib; the plot
+imports matplotlib when it is drawn and uses its object-oriented API with the Agg canvas, so it never touches
+pyplot's global state or a backend the user has chosen.
+
+Layout under ``log_dir``::
+
+    report.md              the run: settings, trajectory, best instructions, selection, usage
+    trajectory.png         training accuracy by step (with matplotlib installed)
+    steps/NNN/meta_prompt.txt   the exact meta-prompt of step NNN
+    steps/NNN/replies.json      the optimizer's replies and what became of each
+    steps/NNN/report.md         the step in Markdown
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from dspy_opro.state import Candidate, ModelUsage, RunState, Step, UsageRecord
+
+__all__ = [
+    "REPORT_FILE",
+    "TRAJECTORY_FILE",
+    "STEPS_DIR",
+    "format_usage",
+    "plot_trajectory",
+    "render_run_report",
+    "render_step_report",
+    "step_dir",
+    "trajectory_rows",
+    "write_run_report",
+    "write_step_files",
+]
+
+REPORT_FILE = "report.md"
+TRAJECTORY_FILE = "trajectory.png"
+STEPS_DIR = "steps"
+META_PROMPT_FILE = "meta_prompt.txt"
+REPLIES_FILE = "replies.json"
+
+CELL_CHARS = 200  # longer text is cut in table cells (the full text is in replies.json / the fenced blocks)
+TOP_INSTRUCTIONS = 5
+PLOT_INSTALL_HINT = "pip install dspy-opro[plot]"
+DASH = "—"
+
+# --------------------------------------------------------------------------------------------------- formatting
+
+
+def _pct(score: float | None) -> float | None:
+    """A [0, 1] score on the 0-100 scale, rounded to one decimal."""
+    return None if score is None else round(score * 100, 1)
+
+
+def _fmt_pct(score: float | None) -> str:
+    return DASH if score is None else f"{score * 100:.1f}"
+
+
+def _fmt_row_pct(value: float | None) -> str:
+    return DASH if value is None else f"{value:.1f}"
+
+
+def _cell(text: Any, limit: int | None = CELL_CHARS) -> str:
+    """Text made safe for one Markdown table cell: cut to ``limit`` characters, ``|``, ``\\`` and ``<`` escaped,
+    line breaks as ``<br>``."""
+    text = str(text).replace("\r\n", "\n").replace("\r", "\n")
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1].rstrip() + "…"
+    text = text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "\\<")
+    return text.replace("\n", "<br>")
+
+
+def _inline(text: Any) -> str:
+    """Text for a list item or a paragraph: on one line, with HTML-looking tags kept visible."""
+    text = str(text).replace("\\", "\\\\").replace("<", "\\<")
+    return " ".join(text.split())
+
+
+def _code(name: Any) -> str:
+    """An identifier (a predictor's name) as a code span."""
+    name = str(name)
+    fence = "``" if "`" in name else "`"
+    pad = " " if name.startswith("`") or name.endswith("`") else ""
+    return f"{fence}{pad}{name}{pad}{fence}"
+
+
+def _fenced(text: str, info: str = "text") -> str:
+    """``text`` in a fenced code block whose fence is longer than any run of backticks inside it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    body = text if text.endswith("\n") else text + "\n"
+    return f"{fence}{info}\n{body}{fence}"
+
+
+def _table(header: list[str], rows: list[list[str]], align: list[str] | None = None) -> str:
+    align = align or ["---"] * len(header)
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _money(cost: float) -> str:
+    if cost == 0:
+        return "$0.00"
+    if cost < 0.01:
+        return f"${cost:.6f}"
+    if cost < 1:
+        return f"${cost:.4f}"
+    return f"${cost:,.2f}"
+
+
+def _fmt_cost(cost: float, unpriced_calls: int) -> str:
+    """The cost, ``unknown`` when no call was priced, ``≥ $x`` when only some were (the cost is a lower bound)."""
+    if unpriced_calls:
+        return "unknown" if cost == 0 else f"≥ {_money(cost)}"
+    return _money(cost)
+
+
+def _predictor_label(predictor: str | None) -> str:
+    return "(start)" if predictor is None else _code(predictor)
+
+
+# ------------------------------------------------------------------------------------------------ run queries
+
+
+def _by_id(state: RunState) -> dict[int, Candidate]:
+    return {c.id: c for c in state.candidates}
+
+
+def _step_record(state: RunState, step: int) -> Step | None:
+    for record in state.steps:
+        if record.step == step:
+            return record
+    return None
+
+
+def _require_step(state: RunState, step: int) -> Step:
+    record = _step_record(state, step)
+    if record is None:
+        known = ", ".join(str(s.step) for s in state.steps) or "none"
+        raise ValueError(f"the run record has no step {step} (steps recorded: {known})")
+    return record
+
+
+def _best_of(candidates: list[Candidate]) -> Candidate | None:
+    """The best scored candidate; the earliest wins a tie (as :meth:`RunState.best`)."""
+    best: Candidate | None = None
+    for candidate in candidates:
+        if candidate.status == "scored" and candidate.score is not None:
+            if best is None or candidate.score > best.score:  # type: ignore[operator]
+                best = candidate
+    return best
+
+
+def _step_numbers(state: RunState) -> list[int]:
+    """Every step with a record or a candidate, the start (-1) first when it has candidates."""
+    return sorted({s.step for s in state.steps} | {c.step for c in state.candidates})
+
+
+def _candidates_of(state: RunState, step: int) -> list[Candidate]:
+    return [c for c in state.candidates if c.step == step]
+
+
+def _best_so_far(state: RunState, step: int) -> Candidate | None:
+    return _best_of([c for c in state.candidates if c.step <= step])
+
+
+def _status_text(candidate: Candidate) -> str:
+    if candidate.status == "scored" and candidate.score is not None:
+        return _fmt_pct(candidate.score)
+    return f"{candidate.status}: {candidate.reason}" if candidate.reason else candidate.status
+
+
+def _where(candidate: Candidate) -> str:
+    if candidate.step < 0:
+        return "the program as given"
+    return f"step {candidate.step}, predictor {_predictor_label(candidate.predictor)}"
+
+
+def _describe(candidate: Candidate) -> str:
+    return f"candidate {candidate.id}, {_where(candidate)}"
+
+
+def trajectory_rows(state: RunState) -> list[dict[str, Any]]:
+    """One row per step (the start as step -1): the step, its predictor (None for the start), how many of its
+    candidates were scored, its best training score and the best so far, both on the 0-100 scale with one
+    decimal (None when nothing was scored)."""
+    rows = []
+    for step in _step_numbers(state):
+        candidates = _candidates_of(state, step)
+        record = _step_record(state, step)
+        if record is not None:
+            predictor = record.predictor
+        else:
+            predictor = next((c.predictor for c in candidates if c.predictor is not None), None)
+        best = _best_of(candidates)
+        so_far = _best_so_far(state, step)
+        rows.append(
+            {
+                "step": step,
+                "predictor": predictor,
+                "scored": sum(c.status == "scored" for c in candidates),
+                "best_this_step": _pct(best.score) if best else None,
+                "best_so_far": _pct(so_far.score) if so_far else None,
+            }
+        )
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------- markdown
+
+
+def format_usage(usage: UsageRecord) -> str:
+    """A Markdown table of calls, cache hits, tokens and cost for the optimizer, the task and in total, then one
+    row per model when known. A cost is ``unknown`` when no call had a price and ``≥ $x`` when some had none."""
+    total = ModelUsage()
+    total.add(usage.optimizer)
+    total.add(usage.task)
+    header = ["Role", "Calls", "Cache hits", "Prompt tokens", "Completion tokens", "Cost"]
+    align = ["---", "---:", "---:", "---:", "---:", "---:"]
+
+    def row(label: str, u: ModelUsage) -> list[str]:
+        return [
+            label,
+            f"{u.calls:,}",
+            f"{u.cache_hits:,}",
+            f"{u.prompt_tokens:,}",
+            f"{u.completion_tokens:,}",
+            _fmt_cost(u.cost, u.unpriced_calls),
+        ]
+
+    text = _table(header, [row("optimizer", usage.optimizer), row("task", usage.task), row("total", total)], align)
+    if usage.by_model:
+        rows = [row(_cell(_code(model), None), u) for model, u in usage.by_model.items()]
+        text += "\n\n" + _table(["Model", *header[1:]], rows, align)
+    return text
+
+
+def render_step_report(state: RunState, step: int) -> str:
+    """Markdown for ``steps/NNN/report.md``: the predictor, the exemplars, every reply with its fate and its
+    candidate's training score (or status and reason), the step's candidates, its best and the best so far."""
+    record = _require_step(state, step)
+    by_id = _by_id(state)
+    candidates = _candidates_of(state, step)
+    best = _best_of(candidates)
+    so_far = _best_so_far(state, step)
+    fates = Counter(reply.fate for reply in record.replies)
+
+    lines = [f"# OPRO step {step}", ""]
+    lines.append(f"- Predictor: {_code(record.predictor)}")
+    exemplars = ", ".join(str(i) for i in record.exemplar_indices) or "none"
+    lines.append(f"- Exemplars (training indices): {exemplars}")
+    lines.append(f"- Temperature: {record.temperature:g}")
+    fate_text = ", ".join(f"{fate} {count}" for fate, count in fates.items())
+    lines.append(f"- Optimizer replies: {len(record.replies)}" + (f" ({fate_text})" if fate_text else ""))
+    if record.failed_calls:
+        lines.append(f"- Failed optimizer calls: {record.failed_calls}")
+    if not record.complete:
+        lines.append("- Complete: no (the run stopped or was interrupted during this step)")
+    lines.append(f"- Best this step: {_fmt_pct(best.score) + f' (candidate {best.id})' if best else DASH}")
+    lines.append(f"- Best so far: {_fmt_pct(so_far.score) + f' ({_describe(so_far)})' if so_far else DASH}")
+
+    lines += ["", "## Replies", ""]
+    if record.replies:
+        rows = []
+        for number, reply in enumerate(record.replies, 1):
+            candidate = by_id.get(reply.candidate_id) if reply.candidate_id is not None else None
+            rows.append(
+                [
+                    str(number),
+                    _cell(reply.text),
+                    reply.fate,
+                    DASH if reply.candidate_id is None else str(reply.candidate_id),
+                    DASH if candidate is None else _cell(_status_text(candidate)),
+                ]
+            )
+        header = ["#", "Reply", "Fate", "Candidate", "Training score"]
+        lines.append(_table(header, rows, ["---:", "---", "---", "---:", "---"]))
+    else:
+        lines.append("No replies.")
+
+    if candidates:
+        lines += ["", "## Candidates", ""]
+        rows = [[str(c.id), _cell(_status_text(c)), _cell(c.instruction)] for c in candidates]
+        lines.append(_table(["Candidate", "Training score", "Instruction"], rows, ["---:", "---", "---"]))
+
+    if record.errors:
+        lines += ["", "## Errors", ""]
+        lines += [f"- {_inline(error)}" for error in record.errors]
+
+    lines += ["", f"The meta-prompt is in `{META_PROMPT_FILE}`, the replies in full in `{REPLIES_FILE}`.", ""]
+    return "\n".join(lines)
+
+
+def _instruction_blocks(candidate: Candidate) -> list[str]:
+    if candidate.predictor is not None:
+        return [_fenced(candidate.instruction)]
+    blocks = []
+    for predictor, instruction in candidate.instructions.items():
+        blocks += [f"{_code(predictor)}:", "", _fenced(instruction) if instruction else "(empty)", ""]
+    return blocks[:-1] if blocks else ["(no instructions)"]
+
+
+def _top_candidates(state: RunState, k: int = TOP_INSTRUCTIONS) -> list[Candidate]:
+    scored = [c for c in state.candidates if c.status == "scored" and c.score is not None]
+    return sorted(scored, key=lambda c: (-c.score, c.id))[:k]  # type: ignore[operator]
+
+
+def render_run_report(state: RunState) -> str:
+    """Markdown for ``report.md``: settings, the score trajectory, the best instructions, the selection,
+    validation scores, usage and cost, and why the run stopped."""
+    by_id = _by_id(state)
+    counts = Counter(c.status for c in state.candidates)
+    best = state.best()
+
+    lines = ["# OPRO run report", ""]
+    lines.append(f"- Status: {state.status}")
+    if state.stop_reason:
+        lines.append(f"- Stop reason: {_inline(state.stop_reason)}")
+    lines.append(f"- Predictors: {', '.join(_code(p) for p in state.predictors) or 'none'}")
+    lines.append(f"- Training examples: {state.train_size}; validation examples: {state.val_size}")
+    steps_done = sum(1 for s in state.steps if s.complete)
+    lines.append(f"- Steps: {len(state.steps)} ({steps_done} complete)")
+    status_text = ", ".join(f"{s} {counts[s]}" for s in ("scored", "unscored", "skipped", "pending") if counts[s])
+    lines.append(f"- Candidates: {len(state.candidates)}" + (f" ({status_text})" if status_text else ""))
+    lines.append(f"- Metric calls: {state.metric_calls:,}")
+    lines.append(f"- Best training score: {_fmt_pct(best.score) + f' ({_describe(best)})' if best else DASH}")
+
+    lines += ["", "## Settings", ""]
+    if state.config:
+        rows = [[_cell(key, None), _cell(_setting(value))] for key, value in state.config.items()]
+        lines.append(_table(["Setting", "Value"], rows))
+    else:
+        lines.append("No settings recorded.")
+
+    lines += ["", "## Score trajectory", "", "Training accuracy (0-100) by step; step -1 is the program as given.", ""]
+    rows = [
+        [
+            str(row["step"]),
+            _predictor_label(row["predictor"]),
+            str(row["scored"]),
+            _fmt_row_pct(row["best_this_step"]),
+            _fmt_row_pct(row["best_so_far"]),
+        ]
+        for row in trajectory_rows(state)
+    ]
+    header = ["Step", "Predictor", "Candidates scored", "Best this step", "Best so far"]
+    lines.append(_table(header, rows, ["---:", "---", "---:", "---:", "---:"]) if rows else "Nothing scored yet.")
+
+    lines += ["", "## Best instructions", ""]
+    top = _top_candidates(state)
+    if not top:
+        lines.append("No candidate has been scored yet.")
+    for rank, candidate in enumerate(top, 1):
+        lines += [f"### {rank}. {_fmt_pct(candidate.score)} ({_where(candidate)}, candidate {candidate.id})", ""]
+        lines += [*_instruction_blocks(candidate), ""]
+    if top:
+        lines.pop()
+
+    lines += ["", "## Selection", ""]
+    selection = state.selection
+    chosen = by_id.get(selection.candidate_id) if selection else None
+    if selection is None:
+        lines.append("No program has been selected yet.")
+    else:
+        lines.append(f"- Candidate: {selection.candidate_id}" + (f" ({_where(chosen)})" if chosen else ""))
+        lines.append(f"- Selected by: {selection.selected_by}")
+        lines.append(f"- Why: {_inline(selection.reason)}")
+        if chosen is not None:
+            lines.append(f"- Training score: {_status_text(chosen)}")
+            if chosen.val_score is not None:
+                lines.append(f"- Validation score: {_fmt_pct(chosen.val_score)}")
+
+    validated = [c for c in state.candidates if c.val_score is not None]
+    start = next((c for c in state.candidates if c.step < 0), None)
+    if validated or state.start_val_score is not None:
+        lines += ["", "## Validation scores", ""]
+        rows = []
+        if state.start_val_score is not None and not (start is not None and start.val_score is not None):
+            start_id = DASH if start is None else str(start.id)
+            train = DASH if start is None else _cell(_status_text(start))
+            rows.append([start_id, "-1", "(start)", train, _fmt_pct(state.start_val_score), ""])
+        for c in validated:
+            selected = "yes" if selection is not None and selection.candidate_id == c.id else ""
+            rows.append(
+                [
+                    str(c.id),
+                    str(c.step),
+                    _predictor_label(c.predictor),
+                    _cell(_status_text(c)),
+                    _fmt_pct(c.val_score),
+                    selected,
+                ]
+            )
+        header = ["Candidate", "Step", "Predictor", "Training", "Validation", "Selected"]
+        lines.append(_table(header, rows, ["---:", "---:", "---", "---", "---:", "---"]))
+
+    lines += ["", "## Usage and cost", "", format_usage(state.usage)]
+
+    if state.stop_reason:
+        lines += ["", "## Stop reason", "", _inline(state.stop_reason)]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _setting(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+# ------------------------------------------------------------------------------------------------------ files
+
+
+def step_dir(log_dir: str | os.PathLike[str], step: int) -> Path:
+    """``log_dir/steps/NNN`` (the step number zero-padded to three digits)."""
+    return Path(log_dir) / STEPS_DIR / f"{step:03d}"
+
+
+def _replies_payload(state: RunState, record: Step) -> list[dict[str, Any]]:
+    by_id = _by_id(state)
+    payload = []
+    for reply in record.replies:
+        candidate = by_id.get(reply.candidate_id) if reply.candidate_id is not None else None
+        score = candidate.score if candidate is not None and candidate.status == "scored" else None
+        payload.append(
+            {
+                "text": reply.text,
+                "instruction": reply.instruction,
+                "fate": reply.fate,
+                "candidate_id": reply.candidate_id,
+                "score": score,  # the candidate's training mean in [0, 1]; None unless scored
+            }
+        )
+    return payload
+
+
+def write_step_files(state: RunState, step: int, log_dir: str | os.PathLike[str]) -> Path:
+    """Write ``steps/NNN/meta_prompt.txt`` (the exact meta-prompt), ``replies.json`` and ``report.md``;
+    return the folder."""
+    record = _require_step(state, step)
+    folder = step_dir(log_dir, step)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / META_PROMPT_FILE).write_text(record.meta_prompt, encoding="utf-8", newline="")
+    replies = json.dumps(_replies_payload(state, record), indent=2, ensure_ascii=False) + "\n"
+    (folder / REPLIES_FILE).write_text(replies, encoding="utf-8", newline="")
+    (folder / REPORT_FILE).write_text(render_step_report(state, step), encoding="utf-8", newline="")
+    return folder
+
+
+def write_run_report(state: RunState, log_dir: str | os.PathLike[str], *, plot: bool = True) -> list[Path]:
+    """Write ``report.md`` and, when ``plot`` and matplotlib is installed, ``trajectory.png``; return the paths
+    written."""
+    folder = Path(log_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    report = folder / REPORT_FILE
+    report.write_text(render_run_report(state), encoding="utf-8", newline="")
+    written = [report]
+    if plot:
+        try:
+            written.append(plot_trajectory(state, folder / TRAJECTORY_FILE))
+        except ImportError:
+            pass  # matplotlib is optional: the report stands without the plot
+    return written
+
+
+# ------------------------------------------------------------------------------------------------------- plot
+
+
+def plot_trajectory(state: RunState, path: str | os.PathLike[str]) -> Path:
+    """Draw training accuracy (0-100) by step as in the OPRO paper's figures: every scored candidate as a dot,
+    the best so far as a step line and the starting score as a dashed line. An 800 x 450 PNG at ``path``.
+
+    Uses ``matplotlib.figure.Figure`` with the Agg canvas, never pyplot, so a user's backend and open figures
+    are untouched. Raises ImportError when matplotlib is not installed."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
+    except ImportError as exc:
+        raise ImportError(f"the trajectory plot needs matplotlib: {PLOT_INSTALL_HINT}") from exc
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    figure = Figure(figsize=(8, 4.5), dpi=100)
+    canvas = FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+
+    scored = [c for c in state.candidates if c.status == "scored" and c.score is not None]
+    if scored:
+        axes.scatter(
+            [c.step for c in scored],
+            [c.score * 100 for c in scored],  # type: ignore[operator]
+            s=22,
+            color="#6baed6",
+            alpha=0.75,
+            edgecolors="none",
+            label="candidate instruction",
+            zorder=4,
+        )
+    best_line = [(row["step"], row["best_so_far"]) for row in trajectory_rows(state) if row["best_so_far"] is not None]
+    if best_line:
+        steps, best = zip(*best_line, strict=True)
+        axes.step(steps, best, where="post", color="#08519c", linewidth=2, label="best so far", zorder=3)
+    start = _best_of(_candidates_of(state, -1))
+    if start is not None:
+        axes.axhline(
+            start.score * 100,  # type: ignore[operator]
+            color="#636363",
+            linestyle="--",
+            linewidth=1.2,
+            label=f"start ({_fmt_pct(start.score)})",
+            zorder=1,
+        )
+    if not scored:
+        axes.text(0.5, 0.5, "no scored candidates yet", ha="center", va="center", transform=axes.transAxes)
+
+    axes.set_title("OPRO: training accuracy by step")
+    axes.set_xlabel("step")
+    axes.set_ylabel("training accuracy (%)")
+    axes.set_ylim(-3, 103)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.grid(True, axis="y", alpha=0.3)
+    if axes.get_legend_handles_labels()[0]:
+        axes.legend(loc="best", framealpha=0.9)
+    figure.tight_layout()
+    canvas.print_png(str(target))  # the figure's own size and dpi, whatever savefig.* rcParams say
+    return target
