@@ -334,7 +334,9 @@ class Evaluator:
 
     @property
     def max_in_flight(self) -> int:
-        return self.num_threads * 2 if self._external is None else max(self.num_threads, 8) * 2
+        # Threads: one job per worker, so a budget check sits between every two evaluations. Other executors:
+        # a queue of twice their width hides the round trip to remote workers.
+        return self.num_threads if self._external is None else max(self.num_threads, 8) * 2
 
     def _submit(self, job: ExampleJob) -> cf.Future[ExampleResult]:
         if self._external is not None:

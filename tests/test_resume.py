@@ -1,0 +1,117 @@
+"""Crash-safe runs: SIGKILL and resume, refusal of a different run, corrupt state, Ctrl-C."""
+
+import _thread
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import dspy
+import pytest
+
+from dspy_opro import OPROTeleprompter
+from dspy_opro.state import StateFileError, load_state
+from tests.fakes import make_lm, toy_dataset, toy_metric, toy_task_reply
+from tests.resume_job import build
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def outcome(compiled):
+    run = compiled.opro_run
+    return (compiled.signature.instructions,
+            [(c.instruction, c.status, c.score, c.scores) for c in run.candidates],
+            [(s.predictor, s.exemplar_indices, s.meta_prompt, [r.fate for r in s.replies]) for s in run.steps])
+
+
+def read_pairs(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+
+
+@pytest.mark.parametrize("kill_at", [12, 33])
+def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(tmp_path, kill_at):
+    teleprompter, program, trainset, full_engine, _ = build(str(tmp_path / "full"))
+    expected = outcome(teleprompter.compile(program, trainset=trainset))
+
+    crash_dir, before = tmp_path / "crash", tmp_path / "before.log"
+    child = subprocess.run([sys.executable, "-m", "tests.resume_job", str(crash_dir), str(before), str(kill_at)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert child.returncode == -9, child.stderr
+    assert load_state(crash_dir).status == "running"  # the last good snapshot is readable
+
+    after = tmp_path / "after.log"
+    teleprompter, program, trainset, task_engine, _ = build(str(crash_dir), str(after))
+    assert outcome(teleprompter.compile(program, trainset=trainset)) == expected
+
+    scored_before, in_flight = read_pairs(before)[:-1], read_pairs(before)[-1]
+    rerun = set(scored_before) & set(read_pairs(after))
+    assert rerun == set(), f"evaluations scored before the kill were run again: {sorted(rerun)}"
+    assert in_flight in read_pairs(after)  # the evaluation cut off by the kill is the only one repeated
+    assert len(read_pairs(before)) + len(read_pairs(after)) == len(full_engine.requests) + 1
+
+
+def test_a_finished_run_returns_its_result_without_lm_calls(tmp_path):
+    teleprompter, program, trainset, _, _ = build(str(tmp_path))
+    first = teleprompter.compile(program, trainset=trainset)
+    teleprompter, program, trainset, task_engine, opt_engine = build(str(tmp_path))
+    again = teleprompter.compile(program, trainset=trainset)
+    assert task_engine.requests == [] and opt_engine.requests == []
+    assert outcome(again) == outcome(first)
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"num_candidates": 2}, "the optimizer configuration"),
+        ({"trainset": toy_dataset(4)}, "the trainset"),
+        ({"valset": toy_dataset(2, prefix="val")}, "the valset"),
+        ({"program": dspy.Predict(dspy.Signature("question -> answer", "Other."))}, "the program's structure"),
+    ],
+)
+def test_a_different_run_under_the_same_log_dir_is_refused(tmp_path, change, named):
+    teleprompter, program, trainset, _, _ = build(str(tmp_path))
+    teleprompter.compile(program, trainset=trainset)
+    task_lm, task_engine = make_lm(toy_task_reply)
+    options = {"num_steps": 4, "num_candidates": 3, "num_threads": 1, "log_dir": str(tmp_path)}
+    options.update({k: v for k, v in change.items() if k == "num_candidates"})
+    other = OPROTeleprompter(toy_metric, prompt_model=task_lm, task_model=task_lm, **options)
+    with pytest.raises(StateFileError, match=f"belongs to a different run: {named}"):
+        other.compile(change.get("program", dspy.Predict("question -> answer")),
+                      trainset=change.get("trainset", toy_dataset(5)), valset=change.get("valset"))
+    assert task_engine.requests == []
+
+
+def test_a_truncated_state_file_is_a_clear_error(tmp_path):
+    teleprompter, program, trainset, _, _ = build(str(tmp_path))
+    teleprompter.compile(program, trainset=trainset)
+    state_file = tmp_path / "state.json"
+    state_file.write_text(state_file.read_text()[:500])
+    teleprompter, program, trainset, task_engine, _ = build(str(tmp_path))
+    with pytest.raises(StateFileError, match="is corrupt"):
+        teleprompter.compile(program, trainset=trainset)
+    assert task_engine.requests == []
+
+
+def test_ctrl_c_saves_state_before_propagating_and_the_run_resumes(tmp_path):
+    calls = [0]
+
+    def task(request):
+        calls[0] += 1
+        if calls[0] == 9:
+            _thread.interrupt_main()
+        return toy_task_reply(request)
+
+    task_lm, _ = make_lm(task)
+    opt_lm, _ = make_lm(lambda request: "<INS>Better.</INS>")
+    teleprompter = OPROTeleprompter(toy_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=1,
+                                    num_candidates=1, num_threads=1, log_dir=str(tmp_path))
+    with pytest.raises(KeyboardInterrupt):
+        teleprompter.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(5))
+    saved = load_state(tmp_path)
+    assert saved.candidates[0].status == "scored"
+    journal = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert len(journal) + sum(v is not None for v in saved.candidates[1].scores) >= 3
+    resumed = teleprompter.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(5))
+    assert resumed.signature.instructions == "Better."
+    assert resumed.opro_run.candidates[1].score == 1 / 5
+    assert calls[0] == 11  # 5 + 5 evaluations, plus the one in flight when Ctrl-C came, run once more
