@@ -38,6 +38,7 @@ from dspy.utils.exceptions import (
     LMBillingError,
     LMConfigurationError,
     LMError,
+    LMProviderError,
     LMUnexpectedError,
     LMUnsupportedFeatureError,
     LMUnsupportedModelError,
@@ -75,9 +76,15 @@ def classify_exception(exc: BaseException) -> Literal["infra", "fatal", "failed"
         return "fatal"
     if isinstance(exc, ContextWindowExceededError):
         return "failed"  # this example is too long for the model; others may not be
-    if is_retryable_lm_error(exc) or isinstance(exc, LMUnexpectedError):
+    if is_retryable_lm_error(exc) or isinstance(exc, (LMUnexpectedError, EmptyResponseError)):
+        return "infra"
+    if type(exc) is LMProviderError:  # an unclassified provider answer, e.g. a malformed body: transient
         return "infra"
     return "failed"
+
+
+class EmptyResponseError(RuntimeError):
+    """The model answered with no choices at all (the program's prediction has no fields)."""
 
 
 def coerce_score(value: Any) -> float:
@@ -260,6 +267,8 @@ def run_example(job: ExampleJob, *, transport_retries: int = 1) -> ExampleResult
         try:
             with capture.active(trace=trace, **job.settings):
                 prediction = job.program(**job.example.inputs())
+            if isinstance(prediction, dspy.Prediction) and not list(prediction.keys()):
+                raise EmptyResponseError("the model returned no choices, so the program produced no outputs")
             break
         except Exception as exc:  # the program's own failure, classified below
             kind = classify_exception(exc)

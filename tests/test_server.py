@@ -1,0 +1,563 @@
+"""The simulated OpenAI-compatible endpoint and simulated model, exercised through the real DSPy/LiteLLM stack."""
+
+import os
+
+os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+
+import http.client
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import dspy
+import pytest
+from dspy.utils.exceptions import (
+    AdapterParseError,
+    LMAuthError,
+    LMProviderError,
+    LMRateLimitError,
+    LMServerError,
+    LMTimeoutError,
+    LMTransportError,
+)
+
+from dspy_opro.testing import (
+    TRAITS,
+    FaultConfig,
+    SimulatedEndpoint,
+    answers_correctly,
+    arithmetic_tool,
+    instruction_quality,
+    simulated_dataset,
+    simulated_metric,
+    simulated_metric_with_feedback,
+    simulated_reply,
+    solve_question,
+)
+from dspy_opro.testing.simulated import instruction_traits
+
+GOOD = "Let's think step by step, carefully, and verify the answer."
+BAD = "Just guess quickly."
+MODEL = "openai/sim-model"
+GOLDEN = Path(__file__).parent / "golden" / "meta_prompts.jsonl"
+META_PROMPT = (
+    "Your task is to generate the instruction <INS>. Below are some previous instructions with their scores. "
+    "The score ranges from 0 to 100.\n\ntext:\nSolve the problem.\nscore:\n31\n\ntext:\nLet's think step by step."
+    "\nscore:\n52\n\ntext:\nLet's work step by step and verify the result.\nscore:\n61\n\n\nGenerate an instruction "
+    "that is different from all the instructions <INS> above, and has a higher score than all the instructions <INS> "
+    "above. The instruction should begin with <INS> and end with </INS>. The instruction should be concise, effective,"
+    " and generally applicable to all problems above."
+)
+
+
+def make_lm(endpoint, engine="litellm", **kwargs):
+    kwargs.setdefault("num_retries", 0)
+    return dspy.LM(MODEL, api_base=endpoint.base_url, api_key="x", engine=engine, cache=False, **kwargs)
+
+
+def first_int(text):
+    match = re.search(r"-?\d+", str(text))
+    return int(match.group(0)) if match else None
+
+
+@pytest.fixture
+def endpoint():
+    with SimulatedEndpoint() as ep:
+        yield ep
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return simulated_dataset(40)
+
+
+# ------------------------------------------------------------------------------------------------ simulated model
+
+
+def test_dataset_is_deterministic_and_solvable(dataset):
+    assert [ex.question for ex in dataset] == [ex.question for ex in simulated_dataset(40)]
+    assert [ex.question for ex in simulated_dataset(40, seed=1)] != [ex.question for ex in dataset]
+    assert len({ex.question for ex in dataset}) == 40
+    for ex in dataset:
+        assert set(ex.inputs().keys()) == {"question"}
+        answer, expression = solve_question(ex.question)
+        assert ex.answer == str(answer) and int(arithmetic_tool(expression)) == answer
+    assert solve_question("What is the capital of France?") is None
+
+
+def test_instruction_quality_landscape():
+    assert instruction_quality("Solve the problem.") == pytest.approx(0.30)
+    assert instruction_quality(GOOD) == pytest.approx(0.70)
+    assert instruction_quality(BAD) == pytest.approx(0.05)  # 0.30 - 0.25 - 0.10, clipped
+    assert instruction_quality("Work step-by-step, show your work, double-check, mind the units.") == pytest.approx(
+        0.30 + 0.20 + 0.08 + 0.10 + 0.04
+    )
+    assert instruction_quality("Answer briefly, in one word.") == pytest.approx(0.22)
+    assert instruction_quality("Let's think step by step. " + "x" * 400) < instruction_quality(
+        "Let's think step by step."
+    )
+    assert {t.name for t in TRAITS if t.helpful} == {"step_by_step", "carefully", "verify", "show_work", "units"}
+
+
+def test_arithmetic_tool_is_safe():
+    assert arithmetic_tool("(3 + 4) * 2 - 10 / 5") == "12"
+    assert arithmetic_tool("7 / 2") == "3.5"
+    for bad in ("__import__('os')", "2 ** 10", "abs(-1)", "1 / 0", "x + 1"):
+        with pytest.raises(ValueError):
+            arithmetic_tool(bad)
+
+
+def test_metric():
+    ex = dspy.Example(question="q", answer="42").with_inputs("question")
+    assert simulated_metric(ex, dspy.Prediction(answer="The answer is 42.")) == 1.0
+    assert simulated_metric(ex, dspy.Prediction(answer="41")) == 0.0
+    assert simulated_metric(ex, dspy.Prediction(answer="none")) == 0.0
+    assert simulated_metric_with_feedback(ex, dspy.Prediction(answer="7")).score == 0.0
+
+
+@pytest.mark.skipif(not GOLDEN.exists(), reason="golden meta-prompts not present")
+def test_every_upstream_meta_prompt_wording_gets_a_tagged_reply():
+    patterns = {
+        "<INS>": r"<INS>(.*?)</INS>",
+        "<Start>": r"<Start>(.*?)</Start>",
+        "square brackets": r"\[(.*?)\]",
+        "<TEXT>": r"<TEXT>(.*?)</TEXT>",
+    }
+    for line in GOLDEN.read_text().splitlines():
+        case = json.loads(line)
+        prompt = case["output"]
+        if "Write the text in square brackets" in prompt:
+            tag = "square brackets"
+        elif "<Start>" in prompt:
+            tag = "<Start>"
+        elif "<INS>" in prompt:
+            tag = "<INS>"
+        else:
+            tag = "<TEXT>"
+        replies = [simulated_reply([{"role": "user", "content": prompt}], sample=s, seed=0) for s in range(6)]
+        assert {kind for kind, _ in replies} == {"opro"}, case["case"]
+        instructions = [re.search(patterns[tag], reply, re.DOTALL).group(1) for _, reply in replies]
+        assert len(set(instructions)) >= 4, case["case"]
+        for instruction in instructions:
+            assert instruction_traits(instruction) and not re.search(r"\d", instruction) and "INS" not in instruction
+    # chatter around the tags, as real models do, about one reply in eight
+    replies = [simulated_reply([{"role": "user", "content": META_PROMPT}], sample=s)[1] for s in range(64)]
+    chatty = sum(not reply.startswith("<INS>") or not reply.endswith("</INS>") for reply in replies)
+    assert 2 <= chatty <= 20
+
+
+def test_opro_reply_recombines_the_best_traits():
+    replies = [simulated_reply([{"role": "user", "content": META_PROMPT}], sample=s)[1] for s in range(40)]
+    instructions = [re.search(r"<INS>(.*?)</INS>", reply).group(1) for reply in replies]
+    with_best = sum({"step_by_step", "verify"} <= {t.name for t in instruction_traits(i)} for i in instructions)
+    assert with_best >= 20  # the best instruction's traits are usually kept
+    assert sum(instruction_quality(i) > instruction_quality("Let's think step by step.") for i in instructions) >= 25
+
+
+def proposal_kind_and_fields(signature, **inputs):
+    adapter = dspy.ChatAdapter()
+    kind, reply = simulated_reply(adapter.format(signature, [], inputs), sample=0)
+    return kind, adapter.parse(signature, reply)
+
+
+def test_proposal_prompts_are_classified_and_answered():
+    from dspy.propose.dataset_summary_generator import DatasetDescriptor
+    from dspy.propose.grounded_proposer import DescribeProgram, generate_instruction_class
+    from dspy.teleprompt.copro_optimizer import BasicGenerateInstruction, GenerateInstructionGivenAttempts
+    from dspy.teleprompt.gepa.instruction_proposal import ProposeInstruction
+
+    basic = "Given the fields `question`, produce the fields `answer`."
+    kind, out = proposal_kind_and_fields(BasicGenerateInstruction, basic_instruction=basic)
+    assert kind == "copro" and instruction_quality(out["proposed_instruction"]) > instruction_quality(basic)
+    assert out["proposed_prefix_for_output_field"]
+    attempts = ["Instruction #1: Guess.", "Prefix #1: Answer:", "Resulting Score #1: 0.1"]
+    attempts += ["Instruction #2: Think step by step.", "Prefix #2: Answer:", "Resulting Score #2: 0.5"]
+    kind, out = proposal_kind_and_fields(GenerateInstructionGivenAttempts, attempted_instructions=attempts)
+    assert kind == "copro" and "step_by_step" in {t.name for t in instruction_traits(out["proposed_instruction"])}
+
+    mipro = generate_instruction_class().signature
+    fields = {name: "Not provided" for name in mipro.input_fields}
+    kind, out = proposal_kind_and_fields(mipro, **{**fields, "basic_instruction": basic, "tip": "Be creative."})
+    assert kind == "mipro" and instruction_quality(out["proposed_instruction"]) > instruction_quality(basic)
+    assert proposal_kind_and_fields(DatasetDescriptor, examples="...")[0] == "mipro"
+    assert proposal_kind_and_fields(DescribeProgram, program_code="...", program_example="...")[0] == "mipro"
+
+    kind, out = proposal_kind_and_fields(ProposeInstruction, current_instruction=basic, examples_with_feedback=[])
+    assert kind == "gepa" and instruction_quality(out["new_instruction"]) > instruction_quality(basic)
+    from gepa.strategies.instruction_proposal import InstructionProposalSignature
+
+    raw = InstructionProposalSignature.prompt_renderer({"current_instruction_doc": basic, "dataset_with_feedback": []})
+    kind, reply = simulated_reply([{"role": "user", "content": raw}], sample=0)
+    new = InstructionProposalSignature.output_extractor(reply)["new_instruction"]
+    assert kind == "gepa" and instruction_quality(new) > instruction_quality(basic)
+
+
+# ------------------------------------------------------------------------------------------ through the client stack
+
+
+def test_accuracy_follows_instruction_quality(endpoint, dataset):
+    lm = make_lm(endpoint)
+    accuracy = {}
+    for module in (dspy.Predict, dspy.ChainOfThought):
+        for instruction in (GOOD, BAD):
+            endpoint.reset_log()
+            program = module(dspy.Signature("question -> answer", instruction))
+            evaluate = dspy.Evaluate(devset=dataset, metric=simulated_metric, num_threads=8, display_progress=False)
+            with dspy.context(lm=lm):
+                result = evaluate(program)
+            predictions = [pred for _, pred, _ in result.results]
+            assert all(first_int(pred.answer) is not None for pred in predictions)
+            if module is dspy.ChainOfThought:
+                assert all(pred.reasoning for pred in predictions)
+            assert endpoint.count(kind="task") == endpoint.count(status=None) == len(dataset)
+            expected = sum(answers_correctly(instruction, ex.question) for ex in dataset)
+            assert round(result.score * len(dataset) / 100) == expected
+            accuracy[module, instruction] = expected
+    for module in (dspy.Predict, dspy.ChainOfThought):
+        assert accuracy[module, GOOD] > accuracy[module, BAD] + 15
+    assert instruction_quality(GOOD) > instruction_quality(BAD)
+
+
+@pytest.mark.parametrize("engine", ["litellm", "auto"])
+@pytest.mark.parametrize("module", [dspy.Predict, dspy.ChainOfThought])
+def test_usage_matches_server_token_counts(endpoint, dataset, engine, module):
+    lm = make_lm(endpoint, engine=engine)
+    with dspy.context(lm=lm, track_usage=True):
+        pred = module("question -> answer")(question=dataset[0].question)
+    (record,) = endpoint.requests
+    usage = pred.get_lm_usage()[MODEL]
+    assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (
+        record.prompt_tokens,
+        record.completion_tokens,
+        record.total_tokens,
+    )
+    assert record.kind == "task" and record.status == 200 and record.model == "sim-model"
+
+
+def test_json_adapter(endpoint, dataset):
+    with dspy.context(lm=make_lm(endpoint), adapter=dspy.JSONAdapter()):
+        pred = dspy.ChainOfThought(dspy.Signature("question -> answer: int", GOOD))(question=dataset[1].question)
+    assert isinstance(pred.answer, int) and pred.reasoning
+    (record,) = endpoint.requests
+    kind, reply = simulated_reply(record.messages, sample=0)
+    assert kind == "task" and json.loads(reply) == {"reasoning": pred.reasoning, "answer": pred.answer}
+
+
+@pytest.mark.parametrize("engine", ["litellm", "auto"])
+def test_opro_meta_prompt_through_lm(endpoint, engine):
+    outputs = make_lm(endpoint, engine=engine)(META_PROMPT, n=4, temperature=1.0)
+    instructions = [re.search(r"<INS>(.*?)</INS>", out).group(1) for out in outputs]
+    assert len(instructions) == 4 and len(set(instructions)) >= 3
+    assert all(instruction_traits(instruction) for instruction in instructions)
+    records = endpoint.requests
+    assert {r.kind for r in records} == {"opro"}
+    # LiteLLM sends n in one request; DSPy's native engine sends n requests of n=1.
+    assert [r.n for r in records] == ([4] if engine == "litellm" else [1, 1, 1, 1])
+
+
+@pytest.mark.parametrize("adapter", [dspy.ChatAdapter, dspy.JSONAdapter])
+def test_react_calls_the_tool_then_finishes(endpoint, dataset, adapter):
+    example = dataset[2]
+    with dspy.context(lm=make_lm(endpoint), adapter=adapter()):
+        pred = dspy.ReAct("question -> answer", tools=[arithmetic_tool], max_iters=4)(question=example.question)
+    trajectory = pred.trajectory
+    assert trajectory["tool_name_0"] == "arithmetic_tool"
+    assert trajectory["observation_0"] == example.answer
+    assert trajectory["tool_name_1"] == "finish"
+    assert first_int(pred.answer) is not None
+    assert endpoint.count(kind="task") == endpoint.count(status=None) == 3  # two steps and the extract
+
+
+def test_judge_preference(endpoint):
+    judge = dspy.Predict("task_input, trajectory_a, trajectory_b -> preference: int, rationale")
+    with dspy.context(lm=make_lm(endpoint)):
+        pred = judge(
+            task_input="A question.",
+            trajectory_a="Instructions: Solve the problem.\nAnswer: 4",
+            trajectory_b="Instructions: Let's think step by step.\nAnswer: 5",
+        )
+        unknown = judge(task_input="q", trajectory_a="no instruction here", trajectory_b="none either")
+        other = dspy.Predict("text -> summary")(text="Some text.")
+    assert pred.preference == 4 and pred.rationale  # round((0.50 - 0.30) * 20)
+    assert unknown.preference == 0
+    assert other.summary
+    assert [r.kind for r in endpoint.requests] == ["judge", "judge", "unknown"]
+    assert make_lm(endpoint)("Hello there") == ["OK"]
+
+
+def test_copro_compiles(endpoint, dataset):
+    with dspy.context(lm=make_lm(endpoint)):
+        copro = dspy.COPRO(metric=simulated_metric, breadth=2, depth=1)
+        program = copro.compile(
+            dspy.Predict("question -> answer"), trainset=dataset[:8], eval_kwargs={"num_threads": 4}
+        )
+    assert isinstance(program.signature.instructions, str)
+    assert endpoint.count(kind="copro") >= 1 and endpoint.count(kind="task") >= 8
+    assert endpoint.count(status=None) == endpoint.count()
+
+
+def test_mipro_compiles(endpoint, dataset):
+    pytest.importorskip("optuna", reason="MIPROv2 needs the optional optuna dependency")
+    with dspy.context(lm=make_lm(endpoint)):
+        mipro = dspy.MIPROv2(
+            metric=simulated_metric,
+            auto=None,
+            num_candidates=2,
+            max_bootstrapped_demos=0,
+            max_labeled_demos=0,
+            num_threads=4,
+            verbose=False,
+        )
+        program = mipro.compile(
+            dspy.Predict("question -> answer"),
+            trainset=dataset[:8],
+            valset=dataset[8:14],
+            num_trials=2,
+            minibatch=False,
+        )
+    assert isinstance(program.signature.instructions, str)
+    assert endpoint.count(kind="mipro") >= 2 and endpoint.count(kind="task") >= 6
+
+
+def test_gepa_compiles(endpoint, dataset):
+    lm = make_lm(endpoint)
+    with dspy.context(lm=lm):
+        gepa = dspy.GEPA(metric=simulated_metric_with_feedback, max_metric_calls=24, reflection_lm=lm, num_threads=4)
+        program = gepa.compile(dspy.Predict("question -> answer"), trainset=dataset[:6], valset=dataset[6:10])
+    assert isinstance(program.signature.instructions, str)
+    assert endpoint.count(kind="gepa") >= 1 and endpoint.count(status=None) == endpoint.count()
+
+
+# ---------------------------------------------------------------------------------------------------------- faults
+
+FAULTS = {
+    "rate_limit": FaultConfig(rate_limit=1.0, retry_after=2),
+    "server_error": FaultConfig(server_error=1.0),
+    "malformed": FaultConfig(malformed=1.0),
+    "empty_choices": FaultConfig(empty_choices=1.0),
+    "hang": FaultConfig(hang=1.0, hang_seconds=30),
+    "auth_error": FaultConfig(auth_error=True),
+}
+# What DSPy 3.4.1 raises to the caller of a Predict for each fault (num_retries=0, timeout=0.5).
+# None: no exception (see the empty-choices test below).
+RAISED = {
+    "litellm": {
+        "rate_limit": LMRateLimitError,
+        "server_error": LMServerError,
+        "malformed": LMServerError,
+        "empty_choices": None,
+        "hang": LMTimeoutError,
+        "auth_error": LMAuthError,
+    },
+    "auto": {
+        "rate_limit": LMRateLimitError,
+        "server_error": LMServerError,
+        "malformed": LMProviderError,
+        "empty_choices": AdapterParseError,
+        "hang": LMTransportError,
+        "auth_error": LMAuthError,
+    },
+}
+
+
+@pytest.mark.parametrize("engine", ["litellm", "auto"])
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_fault_reaches_the_caller_as_dspy_error(endpoint, dataset, engine, fault):
+    endpoint.faults = FAULTS[fault]
+    lm = make_lm(endpoint, engine=engine, timeout=0.5)
+    expected = RAISED[engine][fault]
+    with dspy.context(lm=lm):
+        if expected is None:
+            pred = dspy.Predict("question -> answer")(question=dataset[0].question)
+            assert not hasattr(pred, "answer")  # LiteLLM's empty choices give an empty Prediction, no error
+        else:
+            with pytest.raises(expected) as info:
+                dspy.Predict("question -> answer")(question=dataset[0].question)
+            assert type(info.value) is expected
+    records = endpoint.requests
+    assert records[0].fault == fault and records[0].kind == "task"
+    if fault == "rate_limit":
+        assert info.value.status == 429 and info.value.retry_after == 2.0
+    if fault == "hang":
+        assert records[0].status == 0  # still hanging; the fixture's stop() ends it
+    if engine == "auto" and fault == "empty_choices":
+        assert len(records) == 2  # ChatAdapter, then its JSONAdapter fallback
+
+
+def test_fails_once_then_succeeds_with_dspy_retries(endpoint, dataset):
+    endpoint.faults = FaultConfig(fail_requests={0}, fail_kind="rate_limit", retry_after=0)
+    with dspy.context(lm=make_lm(endpoint, num_retries=1)):
+        pred = dspy.Predict("question -> answer")(question=dataset[0].question)
+    assert first_int(pred.answer) is not None
+    assert [(r.status, r.fault) for r in endpoint.requests] == [(429, "rate_limit"), (200, None)]
+
+
+def post(port, payload, path="/v1/chat/completions", conn=None):
+    conn = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("POST", path, body=json.dumps(payload), headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    return response, response.read()
+
+
+def test_raw_http_shapes(endpoint, dataset):
+    messages = [{"role": "user", "content": "Hello there"}]
+    response, body = post(endpoint.port, {"model": "m", "messages": messages, "n": 2})
+    data = json.loads(body)
+    assert response.status == 200 and data["object"] == "chat.completion" and data["model"] == "m"
+    assert [c["index"] for c in data["choices"]] == [0, 1]
+    assert data["choices"][0]["message"] == {"role": "assistant", "content": "OK"}
+    assert data["choices"][0]["finish_reason"] == "stop"
+    assert data["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+
+    endpoint.faults = FaultConfig(rate_limit=1.0, retry_after=1.5)
+    response, body = post(endpoint.port, {"model": "m", "messages": messages})
+    assert response.status == 429 and response.getheader("Retry-After") == "1.5"
+    assert json.loads(body)["error"]["type"] == "rate_limit_error"
+    assert json.loads(body)["error"]["code"] == "rate_limit_exceeded"
+    endpoint.faults = FaultConfig(auth_error=True)
+    response, body = post(endpoint.port, {"model": "m", "messages": messages})
+    assert response.status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
+    endpoint.faults = FaultConfig()
+
+    response, body = post(endpoint.port, {"model": "m", "messages": messages, "stream": True})
+    events = [line[6:] for line in body.decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and json.loads(events[0])["choices"][0]["delta"]["content"] == "OK"
+
+    conn = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=10)
+    conn.request("GET", "/v1/models")
+    response = conn.getresponse()
+    assert response.status == 200 and json.loads(response.read())["data"][0]["id"] == "sim-model"
+    conn.request("GET", "/v1/nothing")
+    response = conn.getresponse()
+    assert response.status == 404 and "error" in json.loads(response.read())
+    response, _ = post(endpoint.port, {"messages": "nope"}, conn=conn)
+    assert response.status == 400
+    assert [r.status for r in endpoint.requests] == [200, 429, 401, 200, 200, 404, 400]
+
+
+def test_random_faults_are_deterministic_and_scoped():
+    messages = [{"role": "user", "content": "Hello there"}]
+    runs = []
+    for _ in range(2):
+        faults = FaultConfig(server_error=0.3, malformed=0.2, first_n=30)
+        with SimulatedEndpoint(faults=faults, seed=3) as ep:
+            conn = http.client.HTTPConnection("127.0.0.1", ep.port, timeout=10)
+            for _ in range(40):
+                post(ep.port, {"model": "m", "messages": messages}, conn=conn)
+            runs.append([(r.status, r.fault) for r in ep.requests])
+    assert runs[0] == runs[1]
+    assert all(fault is None for _, fault in runs[0][30:])
+    statuses = [status for status, _ in runs[0][:30]]
+    assert 3 <= statuses.count(500) <= 16 and {s for s, f in runs[0] if f == "malformed"} <= {200}
+
+    with SimulatedEndpoint(faults=FaultConfig(server_error=1.0, only_kinds={"opro"})) as ep:
+        assert post(ep.port, {"model": "m", "messages": messages})[0].status == 200
+        opro = [{"role": "user", "content": META_PROMPT}]
+        assert post(ep.port, {"model": "m", "messages": opro})[0].status == 500
+        ep.faults = FaultConfig(fail_requests={3}, fail_kind="empty_choices")
+        response, body = post(ep.port, {"model": "m", "messages": messages})
+        assert json.loads(body)["choices"] and ep.requests[-1].index == 2
+        response, body = post(ep.port, {"model": "m", "messages": messages})
+        assert json.loads(body)["choices"] == [] and ep.requests[-1].fault == "empty_choices"
+        ep.reset_log()
+        assert ep.count(status=None) == 0
+        post(ep.port, {"model": "m", "messages": messages})
+        assert ep.requests[0].index == 0
+
+
+def test_keep_alive_requests_do_not_stall(endpoint):
+    conn = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=10)
+    payload = {"model": "m", "messages": [{"role": "user", "content": "Hello there"}]}
+    post(endpoint.port, payload, conn=conn)
+    start = time.perf_counter()
+    for _ in range(50):
+        response, _ = post(endpoint.port, payload, conn=conn)
+        assert response.status == 200
+    assert time.perf_counter() - start < 1.0  # a 40 ms delayed-ACK stall per request would take 2 s
+    assert endpoint.count() == 51
+
+
+def test_latency_is_applied():
+    with SimulatedEndpoint(latency=(0.05, 0.1)) as ep:
+        post(ep.port, {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        (record,) = ep.requests
+    assert 0.05 <= record.finished - record.started < 0.5
+
+
+def test_start_stop_leaks_no_threads_and_frees_the_port():
+    baseline = threading.active_count()
+    connections, port = [], None
+    for _ in range(20):
+        ep = SimulatedEndpoint().start()
+        port = ep.port
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/v1/models")
+        conn.getresponse().read()
+        connections.append(conn)  # left open: the server must close its side on stop()
+        assert threading.active_count() > baseline
+        ep.stop()
+        assert not [t for t in threading.enumerate() if t.name.startswith("sim-endpoint")]
+        assert threading.active_count() <= baseline
+    with SimulatedEndpoint(port=port) as ep:
+        assert ep.port == port and ep.base_url == f"http://127.0.0.1:{port}/v1"
+        assert post(port, {"model": "m", "messages": [{"role": "user", "content": "hi"}]})[0].status == 200
+    assert threading.active_count() <= baseline
+    probe = socket.socket()
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    probe.bind(("127.0.0.1", port))
+    probe.close()
+    for conn in connections:
+        conn.close()
+
+
+def test_stop_interrupts_a_hanging_request():
+    ep = SimulatedEndpoint(faults=FaultConfig(hang=1.0, hang_seconds=30)).start()
+    errors = []
+
+    def client():
+        try:
+            post(ep.port, {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        except Exception as exc:  # the server closes without answering
+            errors.append(exc)
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not ep.requests and time.monotonic() < deadline:
+        time.sleep(0.01)
+    start = time.monotonic()
+    ep.stop()
+    thread.join(5)
+    assert time.monotonic() - start < 2.0 and not thread.is_alive() and errors
+    (record,) = ep.requests
+    assert record.status == 0 and record.fault == "hang"
+
+
+def test_cli_serves_until_sigterm():
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dspy_opro.testing.server", "--port", "0", "--latency", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=Path(__file__).parent.parent,
+    )
+    try:
+        line = proc.stdout.readline()
+        match = re.fullmatch(r"listening on http://127\.0\.0\.1:(\d+)/v1\n", line)
+        assert match, line
+        response, body = post(int(match.group(1)), {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        assert response.status == 200 and json.loads(body)["choices"][0]["message"]["content"] == "OK"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
