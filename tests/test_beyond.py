@@ -127,7 +127,8 @@ def test_label_free_accepts_a_good_candidate_with_the_documented_call_counts():
 
 
 def test_label_free_never_shows_a_label_to_the_judge_and_needs_no_metric():
-    compiled, _, judge, opt = label_free(["<INS>Better better better better better better.</INS>"])
+    compiled, _, judge, opt = label_free(["<INS>Better better better better better better.</INS>"],
+                                         valset=labelled(2, prefix="val"))
     for request in judge.requests:
         assert "LABEL-SECRET" not in user_text(request)
     assert all("LABEL-SECRET" not in user_text(r) for r in opt.requests)
