@@ -115,6 +115,11 @@ class OPRORun:
             raise ValueError(
                 f"num_exemplars={config.num_exemplars} exceeds the trainset size {len(self.trainset)}; lower it"
             )
+        if config.max_metric_calls is not None and config.max_metric_calls < len(self.trainset):
+            raise ValueError(
+                f"max_metric_calls={config.max_metric_calls} cannot even score the program as given on the "
+                f"{len(self.trainset)} training examples; raise it or use a smaller trainset"
+            )
         self.task_lm = config.task_model or dspy.settings.lm
         if self.task_lm is None:
             raise ValueError("no task model: pass task_model=... or dspy.configure(lm=...)")
@@ -134,6 +139,7 @@ class OPRORun:
         self.budget = Budget(config.max_metric_calls, config.max_cost, metric_calls=self.state.metric_calls,
                              cost_so_far=lambda: self.state.usage.total_cost)
         self.journal = ProgressJournal(config.log_dir) if config.log_dir else None
+        self._reopen_if_budget_allows()
         self._remaining: dict[tuple[str, int], set[int]] = {}
         self._infra_errors: dict[tuple[str, int], list[str]] = {}
         self._progress: tqdm.tqdm | None = None
@@ -180,6 +186,17 @@ class OPRORun:
                 state.anchors[f"{entry.get('split', 'train')}:{entry['i']}"] = entry["t"]
             state.metric_calls += 1
 
+    def _reopen_if_budget_allows(self) -> None:
+        """A run stopped by its budget continues when compiled again with a larger one."""
+        state = self.state
+        if state.status != "stopped" or self.budget.exhausted() is not None:
+            return
+        logger.info("The saved run stopped (%s); the budget now allows more, so it continues", state.stop_reason)
+        state.status, state.stop_reason, state.selection = "running", None, None
+        for candidate in state.candidates:
+            if candidate.status == "unscored" and (candidate.reason or "").startswith("cut short"):
+                candidate.status, candidate.reason = "pending", None
+
     # ------------------------------------------------------------------------------------------------------------
     # The run
 
@@ -200,7 +217,10 @@ class OPRORun:
             return self._result()
         except BaseException:
             # Ctrl-C, a fatal LM error or a broken metric: keep what was paid for before the error propagates.
-            self._save()
+            try:
+                self._save()
+            except Exception as exc:  # never hide the original error behind a failed save
+                logger.error("Could not save the run record: %s", exc)
             raise
         finally:
             self.evaluator.close()

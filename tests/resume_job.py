@@ -22,7 +22,8 @@ def optimizer_reply_for(prompt: str, occurrence: int) -> str:
     return f"<INS>{'Better ' * ((shown + occurrence) % 5)}step {shown} sample {occurrence}.</INS>"
 
 
-def build(log_dir: str, call_log: str | None = None, kill_at: int | None = None, *, num_threads: int = 1):
+def build(log_dir: str, call_log: str | None = None, kill_at: int | None = None, *, num_threads: int = 1,
+          **options):
     lock = threading.Lock()
     task_calls = [0]
     asked: dict[str, int] = {}
@@ -49,7 +50,7 @@ def build(log_dir: str, call_log: str | None = None, kill_at: int | None = None,
     task_lm, task_engine = make_lm(task)
     opt_lm, opt_engine = make_lm(optimizer)
     teleprompter = OPROTeleprompter(toy_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=4,
-                                    num_candidates=3, num_threads=num_threads, log_dir=log_dir)
+                                    num_candidates=3, num_threads=num_threads, log_dir=log_dir, **options)
     return teleprompter, dspy.Predict("question -> answer"), toy_dataset(5), task_engine, opt_engine
 
 

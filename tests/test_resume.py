@@ -115,3 +115,27 @@ def test_ctrl_c_saves_state_before_propagating_and_the_run_resumes(tmp_path):
     assert resumed.signature.instructions == "Better."
     assert resumed.opro_run.candidates[1].score == 1 / 5
     assert calls[0] == 11  # 5 + 5 evaluations, plus the one in flight when Ctrl-C came, run once more
+
+
+def test_a_run_stopped_by_its_budget_continues_with_a_larger_one(tmp_path):
+    before, after = tmp_path / "before.log", tmp_path / "after.log"
+    teleprompter, program, trainset, _, _ = build(str(tmp_path), str(before), max_metric_calls=12)
+    stopped = teleprompter.compile(program, trainset=trainset).opro_run
+    assert stopped.status == "stopped" and stopped.metric_calls == 12
+    teleprompter, program, trainset, task_engine, _ = build(str(tmp_path), str(after), max_metric_calls=12)
+    teleprompter.compile(program, trainset=trainset)
+    assert task_engine.requests == []  # the same budget: the saved result, without LM calls
+    teleprompter, program, trainset, task_engine, _ = build(str(tmp_path), str(after), max_metric_calls=1000)
+    resumed = teleprompter.compile(program, trainset=trainset)
+    full_teleprompter, program, trainset, full_engine, _ = build(str(tmp_path / "full"))
+    assert outcome(resumed) == outcome(full_teleprompter.compile(program, trainset=trainset))
+    assert set(read_pairs(before)) & set(read_pairs(after)) == set()
+    assert len(read_pairs(before)) + len(read_pairs(after)) == len(full_engine.requests)
+
+
+def test_a_budget_below_the_trainset_is_refused_up_front():
+    task_lm, engine = make_lm(toy_task_reply)
+    optimizer = OPROTeleprompter(toy_metric, prompt_model=task_lm, task_model=task_lm, max_metric_calls=4)
+    with pytest.raises(ValueError, match="max_metric_calls=4 cannot even score the program as given"):
+        optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(5))
+    assert engine.requests == []
