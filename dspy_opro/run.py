@@ -147,10 +147,13 @@ class OPRORun:
     # ------------------------------------------------------------------------------------------------------------
     # Set-up and resume
 
+    def _search_config(self) -> dict[str, Any]:
+        """What shapes the search: resuming under other values would mix two runs. (Budgets may change.)"""
+        return {**self.cfg.search_config(), "prompt_model": getattr(self.prompt_lm, "model", None),
+                "task_model": getattr(self.task_lm, "model", None), "targets": self.targets}
+
     def _fingerprint(self) -> Fingerprint:
-        config = {**self.cfg.search_config(), "prompt_model": getattr(self.prompt_lm, "model", None),
-                  "task_model": getattr(self.task_lm, "model", None), "targets": self.targets}
-        return Fingerprint(config=digest(config), trainset=dataset_fingerprint(self.trainset),
+        return Fingerprint(config=digest(self._search_config()), trainset=dataset_fingerprint(self.trainset),
                            valset=dataset_fingerprint(self.valset), program=program_fingerprint(self.base))
 
     def _load_or_create(self) -> RunState:
@@ -163,8 +166,7 @@ class OPRORun:
                 logger.info("Resuming the OPRO run in %s: %d candidates, %d steps recorded", self.cfg.log_dir,
                             len(saved.candidates), len(saved.steps))
                 return saved
-        config = {**self.cfg.search_config(), "prompt_model": getattr(self.prompt_lm, "model", None),
-                  "task_model": getattr(self.task_lm, "model", None), "max_metric_calls": self.cfg.max_metric_calls,
+        config = {**self._search_config(), "max_metric_calls": self.cfg.max_metric_calls,
                   "max_cost": self.cfg.max_cost}
         start = read_instructions(self.base, self.targets)
         state = RunState(fingerprint=fingerprint, config=config, predictors=self.targets,
