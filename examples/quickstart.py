@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="quickstart_compiled.json", help="where to save the compiled program")
     parser.add_argument("--log-dir", default=None, help="keep the run record here (resumable)")
     args = parser.parse_args(argv)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # fail now, not after the run
 
     with contextlib.ExitStack() as stack:
         if args.lm:
