@@ -15,19 +15,41 @@ def predictor_map(program: dspy.Module) -> dict[str, Any]:
     return dict(program.named_predictors())
 
 
+# Text a DSPy module writes into a predictor's instructions that the program needs to work, and that the search
+# must therefore leave alone: dspy.ReAct appends its agent protocol and the list of tools to the user's task
+# instructions. OPRO optimizes the part before it and keeps this tail verbatim.
+FIXED_TAIL_MARKERS = ("You are an Agent. In each episode, you will be given the fields",)
+
+
+def split_instructions(text: str) -> tuple[str, str]:
+    """Split instructions into the searchable head and a fixed tail (``""`` when there is none).
+
+    ``head + tail`` is the original text; the head keeps no trailing blank lines, which go to the tail.
+    """
+    for marker in FIXED_TAIL_MARKERS:
+        at = text.find(marker)
+        if at != -1:
+            head = text[:at].rstrip()
+            return head, text[len(head):]
+    return text, ""
+
+
 def read_instructions(program: dspy.Module, names: Sequence[str]) -> dict[str, str]:
-    """The current instructions of the named predictors."""
+    """The searchable instructions of the named predictors (without a fixed tail such as ReAct's tool list)."""
     predictors = predictor_map(program)
-    return {name: predictors[name].signature.instructions for name in names}
+    return {name: split_instructions(predictors[name].signature.instructions)[0] for name in names}
 
 
 def with_instructions(program: dspy.Module, instructions: Mapping[str, str]) -> dspy.Module:
-    """A deep copy of ``program`` whose named predictors carry the given instructions."""
+    """A deep copy of ``program`` whose named predictors carry the given instructions, fixed tails kept."""
     copy = program.deepcopy()
     predictors = predictor_map(copy)
     for name, text in instructions.items():
         predictor = predictors[name]
-        predictor.signature = predictor.signature.with_instructions(text)
+        tail = split_instructions(predictor.signature.instructions)[1]
+        if tail and not text:
+            tail = tail.lstrip()
+        predictor.signature = predictor.signature.with_instructions(text + tail)
     return copy
 
 

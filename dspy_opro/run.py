@@ -84,6 +84,14 @@ def _resolve_prompt_model(prompt_model: Any) -> dspy.BaseLM:
     return prompt_model
 
 
+def _callable_name(function: Any) -> str | None:
+    """``module.qualname`` of a metric, so that resuming with another metric is refused."""
+    if function is None:
+        return None
+    target = function if hasattr(function, "__qualname__") else type(function)
+    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"
+
+
 def _mean(values: Sequence[float | None]) -> float:
     return sum(v for v in values if v is not None) / len(values)
 
@@ -150,7 +158,9 @@ class OPRORun:
     def _search_config(self) -> dict[str, Any]:
         """What shapes the search: resuming under other values would mix two runs. (Budgets may change.)"""
         return {**self.cfg.search_config(), "prompt_model": getattr(self.prompt_lm, "model", None),
-                "task_model": getattr(self.task_lm, "model", None), "targets": self.targets}
+                "task_model": getattr(self.task_lm, "model", None), "targets": self.targets,
+                "metric": _callable_name(self.cfg.metric),
+                "judge_model": getattr(self.cfg.judge_model, "model", None)}
 
     def _fingerprint(self) -> Fingerprint:
         return Fingerprint(config=digest(self._search_config()), trainset=dataset_fingerprint(self.trainset),
@@ -454,7 +464,7 @@ class OPRORun:
                         failure_score=self.cfg.failure_score, settings=self.settings, split=split,
                         answer_fields=(self.label_keys[i] if not self.cfg.label_free else [])
                         if split == "train" and self._needs_answer(i) else None,
-                        keep_trace=self.cfg.label_free and candidate.id == START_ID)
+                        keep_trace=self.cfg.label_free)
 
         stop_reason = self.evaluator.run(jobs(), self.budget, self._on_result)
         if stop_reason is not None:
@@ -582,6 +592,12 @@ class OPRORun:
         to_score = contenders + ([start] if cfg.val_gate and start not in contenders else [])
         self._score(to_score, "val")
         if any(c.val_score is None for c in to_score):
+            if cfg.val_gate:  # the gate could not check the candidate: keep the program as it was
+                state.selection = Selection(candidate_id=START_ID, selected_by="start",
+                                            reason="validation could not be completed (budget or LM failures), so "
+                                                   "the gate could not pass a candidate; returning the program "
+                                                   "unchanged")
+                return
             state.selection = Selection(candidate_id=best.id, selected_by="train",
                                         reason="validation could not be completed (budget or LM failures); "
                                                f"fell back to the best training score {100 * best.score:.1f}")

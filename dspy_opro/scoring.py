@@ -384,6 +384,13 @@ class Evaluator:
                     try:
                         result = future.result()
                     except Exception as exc:  # the worker itself failed, not the program
+                        if "pickle" in str(exc).lower():
+                            raise OPRORunError(
+                                f"the executor could not transfer an evaluation job ({_describe(exc)}). Jobs carry "
+                                "the program, the example, the metric and the task LM; DSPy's signatures need "
+                                "cloudpickle, so use a Dask executor (distributed.Client(...).get_executor()) "
+                                "rather than concurrent.futures.ProcessPoolExecutor, and make the metric importable"
+                            ) from exc
                         if resubmits < 1:
                             logger.warning("Worker failed on example %d (%s); retrying once", job.index, _describe(exc))
                             pending[self._submit(job)] = (job, resubmits + 1)

@@ -208,6 +208,11 @@ class OPROTeleprompter(Teleprompter):
         if select not in ("train", "validation"):
             raise ValueError(f"select must be 'train' or 'validation'; got {select!r}")
         _check_int("top_k", top_k, minimum=1)
+        if metric is None and (select != "train" or val_gate):
+            raise ValueError(
+                "label-free OPRO (metric=None) selects by its own gate: the best candidate is returned only if its "
+                "mean preference over the starting program on the valset is above 0; drop select and val_gate"
+            )
         _check_number("min_delta", min_delta, low=0.0, high=1.0)
         _check_int("max_metric_calls", max_metric_calls, minimum=1, allow_none=True)
         _check_number("max_cost", max_cost, low=0.0, high=math.inf, allow_none=True)

@@ -172,3 +172,28 @@ def test_label_free_without_valset_gates_on_training_with_a_warning():
     with pytest.warns(UserWarning, match="gates on the training examples"):
         compiled, *_ = label_free(["<INS>Better better better better better better.</INS>"])
     assert compiled.signature.instructions == "Better better better better better better."
+
+
+def test_val_gate_that_cannot_finish_validation_returns_the_start():
+    compiled, engine = gated(["<INS>Better better better.</INS>"], toy_dataset(4, prefix="val"), top_k=1,
+                             max_metric_calls=14)
+    assert len(engine.requests) == 14
+    assert compiled.signature.instructions == "Better."
+    assert compiled.opro_run.selection.selected_by == "start"
+    assert "gate could not pass a candidate" in compiled.opro_run.selection.reason
+
+
+def test_label_free_refuses_select_and_val_gate():
+    judge_lm, _ = make_lm(content_judge)
+    for option in ({"select": "validation"}, {"val_gate": True}):
+        with pytest.raises(ValueError, match="label-free OPRO .* selects by its own gate"):
+            OPROTeleprompter(None, judge_model=judge_lm, **option)
+
+
+def test_label_free_judge_sees_both_trajectories_step_by_step():
+    _, _, judge, _ = label_free(["<INS>Better better better better better better.</INS>"],
+                                valset=labelled(2, prefix="val"))
+    for request in judge.requests:
+        anchor, candidate = trajectories(request)
+        assert anchor.startswith("Step 1") and candidate.startswith("Step 1")
+        assert "question" in anchor and "question" in candidate

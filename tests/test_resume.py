@@ -63,6 +63,7 @@ def test_a_finished_run_returns_its_result_without_lm_calls(tmp_path):
     ("change", "named"),
     [
         ({"num_candidates": 2}, "the optimizer configuration"),
+        ({"metric": lambda example, prediction, trace=None: 1.0}, "the optimizer configuration"),
         ({"trainset": toy_dataset(4)}, "the trainset"),
         ({"valset": toy_dataset(2, prefix="val")}, "the valset"),
         ({"program": dspy.Predict(dspy.Signature("question -> answer", "Other."))}, "the program's structure"),
@@ -74,7 +75,7 @@ def test_a_different_run_under_the_same_log_dir_is_refused(tmp_path, change, nam
     task_lm, task_engine = make_lm(toy_task_reply)
     options = {"num_steps": 4, "num_candidates": 3, "num_threads": 1, "log_dir": str(tmp_path)}
     options.update({k: v for k, v in change.items() if k == "num_candidates"})
-    other = OPROTeleprompter(toy_metric, prompt_model=task_lm, task_model=task_lm, **options)
+    other = OPROTeleprompter(change.get("metric", toy_metric), prompt_model=task_lm, task_model=task_lm, **options)
     with pytest.raises(StateFileError, match=f"belongs to a different run: {named}"):
         other.compile(change.get("program", dspy.Predict("question -> answer")),
                       trainset=change.get("trainset", toy_dataset(5)), valset=change.get("valset"))

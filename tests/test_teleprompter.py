@@ -317,7 +317,12 @@ def test_react_agent_scored_by_running_it():
     run_record = compiled.opro_run
     assert run_record.candidates[0].score == 0.0
     assert run_record.candidates[1].score == 1.0
-    assert compiled.react.signature.instructions.startswith("Use the tools, better.")
+    # Only the task part of ReAct's instructions is searched; its agent protocol and tool list are kept verbatim.
+    instructions = compiled.react.signature.instructions
+    original = agent.react.signature.instructions
+    assert instructions == "Use the tools, better." + original[original.index("\n\nYou are an Agent."):]
+    assert "lookup" in instructions
+    assert run_record.candidates[0].instructions == {"react": "Given the fields `question`, produce the fields `answer`."}
     assert run_record.predictors == ["react"]
 
 
@@ -368,3 +373,14 @@ def test_opro_alias_and_teacher_refused():
     with pytest.raises(ValueError, match="takes no teacher"):
         optimizer.compile(dspy.Predict("q -> a"), trainset=toy_dataset(3), teacher=dspy.Predict("q -> a"))
     assert engine.requests == []
+
+
+def test_a_process_pool_that_cannot_pickle_the_job_is_a_clear_error():
+    import concurrent.futures as cf
+
+    task_lm, _ = make_lm(toy_task_reply)
+    with cf.ProcessPoolExecutor(max_workers=1) as pool:
+        optimizer = OPROTeleprompter(toy_metric, prompt_model=task_lm, task_model=task_lm, num_steps=1,
+                                     executor=pool)
+        with pytest.raises(OPRORunError, match="use a Dask executor"):
+            optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(3))

@@ -34,5 +34,5 @@ with SimulatedEndpoint() as endpoint:
         print(f"step {step.step}: exemplars {step.exemplar_indices}, difficulty {[round(d, 2) for d in difficulty]}")
 
     # The selection itself makes no LM calls: the optimizer calls and program runs are OPRO's usual ones.
-    assert endpoint.count(kind="opro") == 3 * 3
+    assert endpoint.count(kind="opro") == 3  # one request per step, n=3 (LiteLLM passes OpenAI's n on)
     assert endpoint.count(kind="task") == run.metric_calls

@@ -27,9 +27,11 @@ with SimulatedEndpoint() as endpoint:
     new = [c for c in run.candidates if c.step >= 0 and c.status == "scored"]
     optimizer_calls = endpoint.count(kind="opro")
     program_runs = endpoint.count(kind="task")  # one dspy.Predict call per run
-    print(f"optimizer calls: {optimizer_calls} = num_steps x num_candidates = {num_steps} x {num_candidates}")
+    # LiteLLM passes OpenAI's n on: one request per step returns all num_candidates replies.
+    print(f"optimizer requests: {optimizer_calls} = num_steps = {num_steps}, each with n={num_candidates}")
     print(f"new instructions: {len(new)} (at most {num_steps * num_candidates})")
     print(f"program runs: {program_runs} = |train| x (1 + new) + top_k x |val| "
           f"= {len(trainset)} x (1 + {len(new)}) + {top_k} x {len(valset)}")
-    assert optimizer_calls == num_steps * num_candidates
+    assert optimizer_calls == num_steps
+    assert [r.n for r in endpoint.requests if r.kind == "opro"] == [num_candidates] * num_steps
     assert program_runs == run.metric_calls == len(trainset) * (1 + len(new)) + top_k * len(valset)
