@@ -384,3 +384,21 @@ def test_a_process_pool_that_cannot_pickle_the_job_is_a_clear_error():
                                      executor=pool)
         with pytest.raises(OPRORunError, match="use a Dask executor"):
             optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(3))
+
+
+def test_dspy_context_reaches_the_worker_threads():
+    import json
+
+    from tests.fakes import system_text
+
+    def json_task(request):
+        assert "JSON" in system_text(request)  # the JSON adapter set in the caller's context formatted it
+        text = user_text(request)
+        index = text.split("item ", 1)[1].split()[0].strip('"')
+        return json.dumps({"answer": f"a{index}" if int(index) < skill(instruction_of(request)) else "wrong"})
+
+    with dspy.context(adapter=dspy.JSONAdapter()):
+        compiled, _, task_engine, _ = run(["<INS>Better better.</INS>"], task=json_task, num_steps=1,
+                                          num_candidates=1, num_threads=4)
+    assert len(task_engine.requests) == 12
+    assert compiled.opro_run.candidates[1].score == 2 / 6
