@@ -322,7 +322,8 @@ def test_react_agent_scored_by_running_it():
     original = agent.react.signature.instructions
     assert instructions == "Use the tools, better." + original[original.index("\n\nYou are an Agent."):]
     assert "lookup" in instructions
-    assert run_record.candidates[0].instructions == {"react": "Given the fields `question`, produce the fields `answer`."}
+    start = run_record.candidates[0].instructions
+    assert start == {"react": "Given the fields `question`, produce the fields `answer`."}
     assert run_record.predictors == ["react"]
 
 
