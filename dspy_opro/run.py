@@ -26,7 +26,7 @@ from dspy_opro.programs import (
     read_instructions,
     with_instructions,
 )
-from dspy_opro.proposer import propose
+from dspy_opro.proposer import honours_n, propose
 from dspy_opro.scoring import (
     Budget,
     Evaluator,
@@ -250,10 +250,10 @@ class OPRORun:
             planned += 2 * len(self.valset)
         if cfg.max_metric_calls is not None:
             planned = min(planned, cfg.max_metric_calls)
+        requests = cfg.num_steps * (1 if honours_n(self.prompt_lm) else cfg.num_candidates)
         logger.info(
             "OPRO: %d steps x %d candidates over %d training examples, predictors %s; at most %d evaluations planned "
-            "(%d optimizer calls)", cfg.num_steps, cfg.num_candidates, n_train, self.targets, planned,
-            cfg.num_steps * cfg.num_candidates)
+            "(%d optimizer requests)", cfg.num_steps, cfg.num_candidates, n_train, self.targets, planned, requests)
         if cfg.max_cost is not None:
             for role, lm in (("optimizer", self.prompt_lm), ("task", self.task_lm)):
                 if token_prices(getattr(lm, "model", "")) is None:

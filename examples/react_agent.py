@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidates", type=int, default=3)
     parser.add_argument("--train", type=int, default=10, help="training examples")
     parser.add_argument("--threads", type=int, default=8)
-    parser.add_argument("--predictors", nargs="+", help="predictors to optimize (default: all), e.g. extract.predict")
+    parser.add_argument("--predictors", nargs="+", help="predictors to optimize (default: all), e.g. react")
     parser.add_argument("--log-dir", default=None, help="keep the run record here (resumable)")
     args = parser.parse_args(argv)
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             num_steps=args.steps,  # with both predictors: even steps 'react', odd ones 'extract.predict'
             num_candidates=args.candidates,
             num_threads=args.threads,
-            predictors=args.predictors,  # None: every predictor
+            predictors=args.predictors,  # None: every predictor, 'react' included (its tool list is kept)
             log_dir=args.log_dir,
         )
         compiled = optimizer.compile(agent, trainset=simulated_dataset(args.train))
@@ -80,6 +80,19 @@ def main(argv: list[str] | None = None) -> int:
               f"(candidate {best.id}, step {best.step})")
         for name, predictor in compiled.named_predictors():
             print(f"\n{name!r} instruction:\n{predictor.signature.instructions}")
+
+        # --8<-- [start:react]
+        # OPRO searches the part of the 'react' instruction before DSPy's agent protocol ("You are an Agent. ...");
+        # every candidate program carries the proposal followed by the protocol and the tool list, unchanged.
+        proposals = [c for c in run.scored() if c.predictor == "react"]
+        if proposals:
+            top = max(proposals, key=lambda c: c.score)  # the earliest wins a tie
+            program = next(entry["program"] for entry in compiled.candidate_programs
+                           if entry["instructions"] == top.instructions)
+            print(f"\nBest 'react' proposal (candidate {top.id}, training {100 * top.score:.1f}), as OPRO wrote it:\n"
+                  f"{top.instructions['react']}\n")
+            print(f"... and as the agent reads it:\n{program.react.signature.instructions}")
+        # --8<-- [end:react]
         print("\nUsage (several LM calls per agent run):\n" + format_usage(run.usage))
     return 0
 

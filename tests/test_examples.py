@@ -16,9 +16,12 @@ from pathlib import Path
 import dspy
 import pytest
 
+from dspy_opro.programs import split_instructions
 from dspy_opro.state import load_state
+from dspy_opro.testing import arithmetic_tool
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+START = "Given the fields `question`, produce the fields `answer`."
 
 
 def run_example(name: str, args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> str:
@@ -41,13 +44,34 @@ def test_react_agent(tmp_path, monkeypatch, capsys):
     assert "Usage (several LM calls per agent run):" in output
     run = load_state(log_dir)
     assert [step.predictor for step in run.steps] == ["react", "extract.predict"]  # the default: 2 steps
-    # Several task-model calls per agent run: a tool call, finish, extract.
-    assert run.usage.task.calls > run.metric_calls
-    # The start's react instruction carries DSPy's tool list; the proposals for it replace the whole text.
-    assert "(1) arithmetic_tool" in run.candidates[0].instructions["react"]
-    proposals = [c.instruction for c in run.candidates if c.predictor == "react"]
-    assert proposals and all("arithmetic_tool" not in text for text in proposals)
+
+    # DSPy's react instruction is the signature's instruction followed by its agent protocol, tool list included.
+    # OPRO searches the head only: the run record and the meta-prompt hold heads, the proposals replace the head.
+    original = dspy.ReAct("question -> answer", tools=[arithmetic_tool], max_iters=4).react.signature.instructions
+    head, tail = split_instructions(original)
+    assert head == START and head + tail == original
+    assert tail.startswith("\n\nYou are an Agent. In each episode") and "\n(1) arithmetic_tool, whose" in tail
+    assert run.candidates[0].instructions["react"] == START
+    assert START in run.steps[0].meta_prompt
+    assert "You are an Agent" not in run.steps[0].meta_prompt and "arithmetic_tool" not in run.steps[0].meta_prompt
+    proposals = [c for c in run.scored() if c.predictor == "react"]
+    assert [c.step for c in proposals] == [0, 0, 0]
+    assert all(c.instruction and c.instruction != START and "arithmetic_tool" not in c.instruction
+               and "You are an Agent" not in c.instruction for c in proposals)
     assert (log_dir / "steps" / "000" / "replies.json").is_file()
+
+    # The compiled agent (here the best candidate changed only 'extract.predict') and the program of the best
+    # 'react' proposal both keep the protocol and tool list verbatim after their head.
+    best = run.candidates[run.selection.candidate_id]
+    assert best.predictor == "extract.predict" and best.instructions["react"] == START
+    assert f"\n'react' instruction:\n{best.instructions['react']}{tail}\n\n'extract.predict' instruction:\n" in output
+    top = max(proposals, key=lambda c: c.score)
+    assert (f"\nBest 'react' proposal (candidate {top.id}, training {100 * top.score:.1f}), as OPRO wrote it:\n"
+            f"{top.instruction}\n\n... and as the agent reads it:\n{top.instruction}{tail}\n") in output
+
+    # So every agent run, under every candidate, sees the tool and calls it: with the simulated model that is
+    # three task-model calls per program run (the tool call, finish, extract).
+    assert run.usage.task.calls == 3 * run.metric_calls
 
 
 def test_react_agent_answer_step_only(tmp_path, monkeypatch, capsys):
@@ -58,6 +82,7 @@ def test_react_agent_answer_step_only(tmp_path, monkeypatch, capsys):
     run = load_state(log_dir)
     assert run.predictors == ["extract.predict"]
     assert "(1) arithmetic_tool" in output  # the react instruction, tool list included, is returned unchanged
+    assert "Best 'react' proposal" not in output  # no react proposal was made
 
 
 def test_judge_metric(tmp_path, monkeypatch, capsys):

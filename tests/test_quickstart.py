@@ -44,10 +44,11 @@ def test_quickstart_runs_offline_saves_and_reloads(tmp_path):
     assert best and best != "Given the fields `question`, produce the fields `answer`."
     assert re.search(r"^Training \d+\.\d, validation (\d+\.\d|n/a)$", stdout, re.M)
 
-    # The usage table, both roles and both models.
+    # The usage table, both roles and both models. The simulated optimizer is an OpenAI model on LiteLLM, which
+    # honours n: one call per step (2), not one per candidate (2 x 3).
     assert "Usage:" in stdout
     assert "| Role | Calls | Cache hits | Prompt tokens | Completion tokens | Cost |" in stdout
-    for label in ("| optimizer | 6 |", "| task |", "| total |", "`openai/simulated-task`",
+    for label in ("| optimizer | 2 | 0 |", "| task |", "| total |", "`openai/simulated-task`",
                   "`openai/simulated-optimizer`"):
         assert label in stdout
 
