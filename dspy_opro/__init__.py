@@ -2,7 +2,8 @@
 
 from dspy.utils.logging_utils import configure_dspy_loggers
 
-from dspy_opro.state import RunState
+from dspy_opro.scoring import FatalLMError, MetricError, OPRORunError
+from dspy_opro.state import RunState, StateFileError
 from dspy_opro.teleprompter import OPRO, OPROTeleprompter
 
 __version__ = "0.1.0"
@@ -10,4 +11,13 @@ __version__ = "0.1.0"
 # Our log lines go through DSPy's logging stream, so dspy.disable_logging() silences them too.
 configure_dspy_loggers(__name__)
 
-__all__ = ["OPRO", "OPROTeleprompter", "RunState", "__version__"]
+__all__ = [
+    "OPRO",
+    "FatalLMError",
+    "MetricError",
+    "OPROTeleprompter",
+    "OPRORunError",
+    "RunState",
+    "StateFileError",
+    "__version__",
+]
