@@ -26,7 +26,7 @@ from dspy_opro.state import ModelUsage
 
 logger = logging.getLogger(__name__)
 
-# Keeps rollout ids of different seeds and steps apart: id = seed * 10**9 + step * 10**4 + sample.
+# Keeps rollout ids of different seeds and steps apart: id = seed * 10**9 + (step + 1) * 10**4 + sample.
 _SEED_SPAN = 10**9
 _STEP_SPAN = 10**4
 
