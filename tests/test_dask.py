@@ -37,10 +37,10 @@ def compile_once(endpoint, *, executor=None, num_threads=1):
 
 
 def test_dask_executor_equals_a_threaded_run(cluster):
-    # The simulated optimizer hands out samples of one prompt in arrival order, so the proposals are made on one
-    # thread in both runs; only the evaluations differ: worker processes versus this process's threads.
+    # Each step's proposals are one request with n (LiteLLM, an OpenAI-compatible model), so both runs see the same
+    # replies in the same order; only the evaluations differ: worker processes versus this process's 4 threads.
     with SimulatedEndpoint() as endpoint:
-        threaded = compile_once(endpoint)
+        threaded = compile_once(endpoint, num_threads=4)
         task_requests = endpoint.count(kind="task")
     with SimulatedEndpoint() as endpoint:
         on_dask = compile_once(endpoint, executor=cluster.get_executor())
