@@ -59,6 +59,7 @@ logger = logging.getLogger(__name__)
 
 START_ID = 0  # the starting program is always candidate 0
 MAX_EMPTY_STEPS = 3  # steps in a row without a single optimizer reply before the run gives up
+LM_FAILURES = "LM failures"  # how the reason of a candidate left unscored by infrastructure failures begins
 
 
 def _check_examples(name: str, examples: Sequence[Any]) -> list[dspy.Example]:
@@ -148,6 +149,7 @@ class OPRORun:
                              cost_so_far=lambda: self.state.usage.total_cost)
         self.journal = ProgressJournal(config.log_dir) if config.log_dir else None
         self._reopen_if_budget_allows()
+        self._retry_lm_failures()
         self._remaining: dict[tuple[str, int], set[int]] = {}
         self._infra_errors: dict[tuple[str, int], list[str]] = {}
         self._progress: tqdm.tqdm | None = None
@@ -209,6 +211,23 @@ class OPRORun:
             if candidate.status == "unscored" and (candidate.reason or "").startswith("cut short"):
                 candidate.status, candidate.reason = "pending", None
 
+    def _retry_lm_failures(self) -> None:
+        """On resuming an unfinished run, candidates left unscored by LM failures (an outage) are tried again."""
+        if self.state.selection is not None:
+            return
+        for candidate in self.state.candidates:
+            if candidate.status == "unscored" and (candidate.reason or "").startswith(LM_FAILURES):
+                candidate.status, candidate.reason = "pending", None
+
+    def _score_pending_of_finished_steps(self) -> None:
+        steps = self.state.steps
+        pending = [c for c in self.state.candidates
+                   if c.status == "pending" and 0 <= c.step < len(steps) and steps[c.step].complete]
+        if pending:
+            logger.info("Scoring %d candidates again that LM failures left unscored before the run stopped",
+                        len(pending))
+            self._score(pending, "train")
+
     # ------------------------------------------------------------------------------------------------------------
     # The run
 
@@ -220,6 +239,7 @@ class OPRORun:
                 return self._result()
             self._announce()
             self._score_start()
+            self._score_pending_of_finished_steps()
             for step in range(len(state.steps) - (0 if self._last_step_complete() else 1), self.cfg.num_steps):
                 if state.status == "stopped" or self._check_budget():
                     break
@@ -532,7 +552,7 @@ class OPRORun:
         if not complete:
             candidate.status = "unscored"
             last = errors[-1] if errors else ""
-            candidate.reason = f"LM failures on {len(errors)} examples after a retry; last: {last}"
+            candidate.reason = f"{LM_FAILURES} on {len(errors)} examples after a retry; last: {last}"
             logger.info("Candidate %d unscored: %s", candidate.id, candidate.reason)
             return
         candidate.status = "scored"

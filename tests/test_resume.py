@@ -140,3 +140,37 @@ def test_a_budget_below_the_trainset_is_refused_up_front():
     with pytest.raises(ValueError, match="max_metric_calls=4 cannot even score the program as given"):
         optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(5))
     assert engine.requests == []
+
+
+def test_resuming_an_unfinished_run_scores_again_what_an_outage_left_unscored(tmp_path):
+    from dspy.lm15 import AuthError, ServerError
+
+    from tests.fakes import instruction_of, scripted_optimizer
+
+    healthy = [False]
+
+    def task(request):
+        instruction = instruction_of(request)
+        if not healthy[0] and "Flaky" in instruction:
+            return ServerError("outage")
+        if not healthy[0] and "Revoked" in instruction:
+            return AuthError("key revoked")
+        return toy_task_reply(request)
+
+    def compile_run():
+        task_lm, task_engine = make_lm(task)
+        opt_lm, _ = make_lm(scripted_optimizer(["<INS>Flaky better better.</INS>", "<INS>Revoked better.</INS>"]))
+        optimizer = OPROTeleprompter(toy_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=2,
+                                     num_candidates=1, num_threads=1, log_dir=str(tmp_path))
+        return optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(5)), task_engine
+
+    with pytest.raises(Exception, match="API key"):
+        compile_run()
+    assert load_state(tmp_path).candidates[1].status == "unscored"
+    healthy[0] = True
+    compiled, task_engine = compile_run()
+    flaky = compiled.opro_run.candidates[1]
+    assert (flaky.instruction, flaky.status, flaky.score) == ("Flaky better better.", "scored", 2 / 5)
+    assert compiled.signature.instructions == "Flaky better better."
+    calls = [instruction_of(request) for request in task_engine.requests]
+    assert calls.count("Flaky better better.") == 5 and calls.count("Revoked better.") == 5
