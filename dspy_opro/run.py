@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import dspy
 import tqdm
 
+from dspy_opro import selection
 from dspy_opro.exemplars import NO_REFERENCE_NOTE, draw_exemplar_indices, render_fields
 from dspy_opro.meta_prompt import extract_instruction, gen_meta_prompt, instruction_md5, polish_sentence
 from dspy_opro.programs import (
@@ -38,13 +39,13 @@ from dspy_opro.scoring import (
     describe_failure,
     token_prices,
 )
+from dspy_opro.selection import START_ID
 from dspy_opro.state import (
     Candidate,
     Fingerprint,
     ProgressJournal,
     Reply,
     RunState,
-    Selection,
     Step,
     check_fingerprint,
     digest,
@@ -57,7 +58,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-START_ID = 0  # the starting program is always candidate 0
 MAX_EMPTY_STEPS = 3  # steps in a row without a single optimizer reply before the run gives up
 LM_FAILURES = "LM failures"  # how the reason of a candidate left unscored by infrastructure failures begins
 
@@ -592,81 +592,29 @@ class OPRORun:
         if best is None:
             raise OPRORunError("no candidate could be scored, not even the program as given; see the run record")
         if cfg.label_free:
-            self._select_label_free(best)
+            state.selection = selection.label_free_gate(best, *self._label_free_gate_score(best))
         elif cfg.select == "validation" or cfg.val_gate:
-            self._select_on_validation(best)
+            self._score(selection.validation_contenders(state, top_k=cfg.top_k, val_gate=cfg.val_gate), "val")
+            state.start_val_score = state.candidates[START_ID].val_score
+            state.selection = selection.on_validation(state, best, top_k=cfg.top_k, val_gate=cfg.val_gate,
+                                                      min_delta=cfg.min_delta)
         else:
-            state.selection = Selection(candidate_id=best.id, selected_by="train",
-                                        reason=f"best training score {100 * best.score:.1f}")
+            state.selection = selection.on_training(best)
         if state.status != "stopped":
             state.status = "finished"
         logger.info("OPRO selected candidate %d (%s)", state.selection.candidate_id, state.selection.reason)
 
-    def _top_k(self) -> list[Candidate]:
-        return sorted(self.state.scored(), key=lambda c: -c.score)[: self.cfg.top_k]
-
-    def _select_on_validation(self, best: Candidate) -> None:
-        state, cfg = self.state, self.cfg
-        contenders = self._top_k()
-        start = state.candidates[START_ID]
-        to_score = contenders + ([start] if cfg.val_gate and start not in contenders else [])
-        self._score(to_score, "val")
-        if any(c.val_score is None for c in to_score):
-            if cfg.val_gate:  # the gate could not check the candidate: keep the program as it was
-                state.selection = Selection(candidate_id=START_ID, selected_by="start",
-                                            reason="validation could not be completed (budget or LM failures), so "
-                                                   "the gate could not pass a candidate; returning the program "
-                                                   "unchanged")
-                return
-            state.selection = Selection(candidate_id=best.id, selected_by="train",
-                                        reason="validation could not be completed (budget or LM failures); "
-                                               f"fell back to the best training score {100 * best.score:.1f}")
-            return
-        winner = max(contenders, key=lambda c: c.val_score)  # max keeps the first (best on training) among ties
-        state.start_val_score = start.val_score
-        if not cfg.val_gate:
-            state.selection = Selection(candidate_id=winner.id, selected_by="validation",
-                                        reason=f"best validation score {100 * winner.val_score:.1f} of the top "
-                                               f"{len(contenders)} on training")
-        elif winner.id != START_ID and winner.val_score > start.val_score + cfg.min_delta:
-            state.selection = Selection(candidate_id=winner.id, selected_by="val_gate",
-                                        reason=f"validation {100 * winner.val_score:.1f} beats the starting program's "
-                                               f"{100 * start.val_score:.1f} by more than min_delta={cfg.min_delta}")
-        else:
-            state.selection = Selection(candidate_id=START_ID, selected_by="start",
-                                        reason=f"the best candidate's validation {100 * winner.val_score:.1f} does "
-                                               f"not beat the starting program's {100 * start.val_score:.1f} by more "
-                                               f"than min_delta={cfg.min_delta}; returning the program unchanged")
-
-    def _select_label_free(self, best: Candidate) -> None:
-        state = self.state
-        start = state.candidates[START_ID]
+    def _label_free_gate_score(self, best: Candidate) -> tuple[float | None, str]:
+        """The best candidate's score for the label-free gate: on the valset when there is one."""
         if best.id == START_ID:
-            state.selection = Selection(candidate_id=START_ID, selected_by="start",
-                                        reason="no candidate was preferred over the starting program on training")
-            return
-        if self.valset:
-            self._score([start], "val")  # runs the starting program: the validation anchors
-            self._score([best], "val")
-            gate_score = best.val_score
-            where = "validation"
-        else:
+            return best.score, "training"
+        if not self.valset:
             warnings.warn("label-free OPRO without a valset gates on the training examples, which the search "
-                          "already selected on; pass a valset for an unbiased gate", stacklevel=4)
-            gate_score, where = best.score, "training"
-        if gate_score is None:
-            state.selection = Selection(candidate_id=START_ID, selected_by="start",
-                                        reason="the gate could not be evaluated (budget or LM failures)")
-            return
-        mean_preference = 20 * gate_score - 10
-        if mean_preference > 0:
-            state.selection = Selection(candidate_id=best.id, selected_by="val_gate",
-                                        reason=f"mean {where} preference {mean_preference:+.2f} over the starting "
-                                               "program is above 0")
-        else:
-            state.selection = Selection(candidate_id=START_ID, selected_by="start",
-                                        reason=f"mean {where} preference {mean_preference:+.2f} over the starting "
-                                               "program is not above 0; returning the program unchanged")
+                          "already selected on; pass a valset for an unbiased gate", stacklevel=5)
+            return best.score, "training"
+        self._score([self.state.candidates[START_ID]], "val")  # runs the starting program: the validation anchors
+        self._score([best], "val")
+        return best.val_score, "validation"
 
     # ------------------------------------------------------------------------------------------------------------
     # Output
