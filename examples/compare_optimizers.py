@@ -637,9 +637,8 @@ def main(argv: list[str] | None = None) -> int:
             from dspy_opro.testing import SimulatedEndpoint
 
             endpoint = stack.enter_context(SimulatedEndpoint(seed=args.seed))
-            connection = {"api_base": endpoint.base_url, "api_key": "offline", "engine": "litellm", "cache": False}
-            task_lm = dspy.LM(OFFLINE_TASK_MODEL, **connection)
-            prompt_lm = dspy.LM(OFFLINE_OPTIMIZER_MODEL, **connection)
+            task_lm = endpoint.lm(OFFLINE_TASK_MODEL)
+            prompt_lm = endpoint.lm(OFFLINE_OPTIMIZER_MODEL)
             meter = EndpointMeter(endpoint, OFFLINE_TASK_MODEL, OFFLINE_OPTIMIZER_MODEL)
             print(f"Running offline against a simulated model at {endpoint.base_url} (pass --lm MODEL for a real one).")
         print(f"{len(trainset)} training, {len(valset)} validation examples; budget {args.budget} metric calls.")

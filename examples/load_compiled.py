@@ -51,9 +51,8 @@ def main(argv: list[str] | None = None) -> int:
             from dspy_opro.testing import SimulatedEndpoint
 
             endpoint = stack.enter_context(SimulatedEndpoint())
-            connection = {"api_base": endpoint.base_url, "api_key": "offline", "engine": "litellm", "cache": False}
-            task_lm = dspy.LM("openai/simulated-task", **connection)
-            prompt_lm = dspy.LM("openai/simulated-optimizer", **connection)
+            task_lm = endpoint.lm("openai/simulated-task")
+            prompt_lm = endpoint.lm("openai/simulated-optimizer")
         problems = load_problems()
         trainset, testset = problems[:12], problems[12:32]
 

@@ -52,9 +52,8 @@ def main(argv: list[str] | None = None) -> int:
             from dspy_opro.testing import SimulatedEndpoint
 
             endpoint = stack.enter_context(SimulatedEndpoint())
-            connection = {"api_base": endpoint.base_url, "api_key": "offline", "engine": "litellm", "cache": False}
-            task_lm = dspy.LM("openai/simulated-task", **connection)
-            prompt_lm = dspy.LM("openai/simulated-optimizer", **connection)
+            task_lm = endpoint.lm("openai/simulated-task")
+            prompt_lm = endpoint.lm("openai/simulated-optimizer")
             print(f"Running offline against a simulated model at {endpoint.base_url} (pass --lm MODEL for a real one).")
 
         # --8<-- [start:compile]

@@ -561,3 +561,13 @@ def test_cli_serves_until_sigterm():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_lm_helper_reaches_the_endpoint_through_litellm():
+    with SimulatedEndpoint() as endpoint:
+        lm = endpoint.lm("openai/helper-model", num_retries=0)
+        assert (lm.model, lm._engine_spec, lm.cache) == ("openai/helper-model", "litellm", False)
+        assert lm.kwargs["api_base"] == endpoint.base_url
+        reply = lm("Say hello.")
+        assert len(reply) == 1 and endpoint.count() == 1
+        assert endpoint.requests[0].model == "helper-model"

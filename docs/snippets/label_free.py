@@ -10,9 +10,8 @@ from dspy_opro import OPROTeleprompter
 from dspy_opro.testing import SimulatedEndpoint, simulated_dataset
 
 with SimulatedEndpoint() as endpoint:
-    connection = {"api_base": endpoint.base_url, "api_key": "offline", "engine": "litellm", "cache": False}
-    task_lm = dspy.LM("openai/simulated-task", **connection)
-    prompt_lm = dspy.LM("openai/simulated-optimizer", **connection)
+    task_lm = endpoint.lm("openai/simulated-task")
+    prompt_lm = endpoint.lm("openai/simulated-optimizer")
 
     # Inputs only: label-free OPRO never reads a label.
     questions = [dspy.Example(question=ex.question).with_inputs("question") for ex in simulated_dataset(14)]

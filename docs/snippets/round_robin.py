@@ -22,9 +22,8 @@ class PlanThenAnswer(dspy.Module):
 
 
 with SimulatedEndpoint() as endpoint:
-    connection = {"api_base": endpoint.base_url, "api_key": "offline", "engine": "litellm", "cache": False}
-    task_lm = dspy.LM("openai/simulated-task", **connection)
-    prompt_lm = dspy.LM("openai/simulated-optimizer", **connection)
+    task_lm = endpoint.lm("openai/simulated-task")
+    prompt_lm = endpoint.lm("openai/simulated-optimizer")
 
     optimizer = OPROTeleprompter(metric=simulated_metric, prompt_model=prompt_lm, task_model=task_lm,
                                  num_steps=4, num_candidates=3, num_threads=8)

@@ -353,6 +353,16 @@ class SimulatedEndpoint:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
+    def lm(self, model: str = "openai/simulated-task", **kwargs: Any) -> Any:
+        """A ``dspy.LM`` that reaches this endpoint through LiteLLM (no cache; ``kwargs`` override the defaults).
+
+        The model name is free: it only tells the requests of different models apart in the log.
+        """
+        import dspy
+
+        options = {"api_base": self.base_url, "api_key": "offline", "engine": "litellm", "cache": False, **kwargs}
+        return dspy.LM(model, **options)
+
     # ---------------------------------------------------------------------------------------------------------- log
 
     @property
