@@ -140,6 +140,10 @@ class OPRORun:
         if dspy.settings.adapter is not None:
             self.settings["adapter"] = dspy.settings.adapter
         self.label_keys = [sorted(example.labels().keys()) for example in self.trainset]
+        self.output_fields = {name: output_fields(self.base, name) for name in self.targets}
+        # Examples whose labels miss some target predictor's outputs: their runs record an exemplar answer.
+        self.needs_answer = [any(not self._label_fields(i, name) for name in self.targets)
+                             for i in range(len(self.trainset))]
         self.metric = config.metric if not config.label_free else self._make_preference_metric()
         self.state = self._load_or_create()
         if config.label_free:
@@ -395,10 +399,7 @@ class OPRORun:
         if self.cfg.label_free:
             return []
         labels = set(self.label_keys[index])
-        return [name for name in output_fields(self.base, predictor) if name in labels]
-
-    def _needs_answer(self, index: int) -> bool:
-        return any(not self._label_fields(index, predictor) for predictor in self.targets)
+        return [name for name in self.output_fields[predictor] if name in labels]
 
     def _exemplars(self, indices: list[int], predictor: str) -> list[tuple[str, str]]:
         best = self.state.best()
@@ -483,7 +484,7 @@ class OPRORun:
                         candidate_id=candidate.id, index=i, program=program, example=examples[i], metric=metric,
                         failure_score=self.cfg.failure_score, settings=self.settings, split=split,
                         answer_fields=(self.label_keys[i] if not self.cfg.label_free else [])
-                        if split == "train" and self._needs_answer(i) else None,
+                        if split == "train" and self.needs_answer[i] else None,
                         keep_trace=self.cfg.label_free)
 
         stop_reason = self.evaluator.run(jobs(), self.budget, self._on_result)
