@@ -35,8 +35,11 @@ weight ``L_ii`` is itself tiny (``0.05 ** 19 ~ 2e-25`` at ``theta = 0.95``), whi
 Collapsed items are never picked; only when every remaining item is collapsed does the selection stop early,
 returning fewer than ``k`` indices and logging the fact at INFO.
 
-Cost: building ``S`` takes ``O(n^2 * vocab)`` (``O(n^2 * dim)`` with an embedder), the greedy selection
-``O(n * k)`` per pick, ``O(n * k^2)`` in total. No language-model calls are made.
+Cost: the selection never builds the ``n x n`` matrix ``S``. :class:`QuestionFeatures` tokenises (or embeds) the
+examples once; each selection then computes only the kernel rows of its picks, each a sparse product in
+``O(nnz)`` (``O(n * dim)`` with an embedder), and the greedy updates cost ``O(n * k)`` per pick: time
+``O(k * (nnz + n * k))`` and memory ``O(nnz + n * k)`` per selection. :func:`similarity_matrix` still builds the
+full matrix for whoever wants it. No language-model calls are made.
 """
 
 from __future__ import annotations
@@ -215,10 +218,9 @@ def _hashed_similarity(texts: Sequence[str]) -> np.ndarray:
     )
 
 
-def _embedder_similarity(texts: Sequence[str], embedder: Callable[[list[str]], np.ndarray]) -> np.ndarray:
+def _embeddings(texts: Sequence[str], embedder: Callable[[list[str]], np.ndarray]) -> np.ndarray:
+    """The embedder's ``(n, dim)`` array for the texts, checked."""
     n = len(texts)
-    if n == 0:
-        return np.zeros((0, 0), dtype=float)
     try:
         E = np.asarray(embedder(list(texts)), dtype=float)
     except (TypeError, ValueError) as exc:
@@ -230,6 +232,14 @@ def _embedder_similarity(texts: Sequence[str], embedder: Callable[[list[str]], n
         )
     if not np.all(np.isfinite(E)):
         raise ValueError("embedder returned NaN or infinite values; make it return finite embeddings")
+    return E
+
+
+def _embedder_similarity(texts: Sequence[str], embedder: Callable[[list[str]], np.ndarray]) -> np.ndarray:
+    n = len(texts)
+    if n == 0:
+        return np.zeros((0, 0), dtype=float)
+    E = _embeddings(texts, embedder)
     norms = np.linalg.norm(E, axis=1)
     zero_rows = norms == 0.0
     En = E / np.where(zero_rows, 1.0, norms)[:, None]
@@ -349,8 +359,7 @@ def greedy_dpp_map(L: np.ndarray, k: int, *, eps: float = 1e-10) -> DPPSelection
         ValueError: On a non-square, non-finite or asymmetric ``L``, a negative ``k`` or a bad ``eps``.
     """
     _check_k(k)
-    if not isinstance(eps, (int, float)) or math.isnan(eps) or eps < 0.0:
-        raise ValueError(f"eps must be a non-negative number (for example 1e-10), got {eps!r}")
+    _check_eps(eps)
     L = np.asarray(L, dtype=float)
     if L.ndim != 2 or L.shape[0] != L.shape[1]:
         raise ValueError(f"L must be a square (n, n) matrix, got shape {L.shape}")
@@ -358,14 +367,26 @@ def greedy_dpp_map(L: np.ndarray, k: int, *, eps: float = 1e-10) -> DPPSelection
         raise ValueError("L contains NaN or infinite entries; build it from finite similarities and weights")
     if not np.allclose(L, L.T, rtol=1e-8, atol=1e-10):
         raise ValueError("L must be symmetric; symmetrise it with (L + L.T) / 2")
-    n = L.shape[0]
+    return _greedy_on_rows(np.diag(L).copy(), lambda j: L[j, :], k, eps)
+
+
+def _check_eps(eps: float) -> None:
+    if not isinstance(eps, (int, float)) or math.isnan(eps) or eps < 0.0:
+        raise ValueError(f"eps must be a non-negative number (for example 1e-10), got {eps!r}")
+
+
+def _greedy_on_rows(diag: np.ndarray, row: Callable[[int], np.ndarray], k: int, eps: float) -> DPPSelection:
+    """:func:`greedy_dpp_map` given the kernel's diagonal and a function returning its row ``j``.
+
+    Only the rows of the picks are ever asked for, so memory grows with ``n * k``, not ``n * n``.
+    """
+    n = diag.shape[0]
     target = min(int(k), n)
     indices: list[int] = []
     gains: list[float] = []
     if target == 0:
         return DPPSelection(indices=indices, gains=gains, stopped_early=False)
 
-    diag = np.diag(L).copy()
     threshold = eps * diag  # item i is collapsed once its residual falls below eps * L_ii
     # A zero (or subnormal) diagonal entry leaves no precision to tell a residual from rounding noise.
     unmeasurable = diag < np.finfo(float).tiny
@@ -394,26 +415,29 @@ def greedy_dpp_map(L: np.ndarray, k: int, *, eps: float = 1e-10) -> DPPSelection
         available[j] = False
         if m + 1 == target:
             return DPPSelection(indices=indices, gains=gains, stopped_early=False)
-        e = (L[j, :] - cis[:m, j] @ cis[:m, :]) / math.sqrt(d2[j])
+        e = (row(j) - cis[:m, j] @ cis[:m, :]) / math.sqrt(d2[j])
         cis[m, :] = e
         d2 = d2 - e * e
 
 
-def _sequence_gains(K: np.ndarray, order: Sequence[int], eps: float) -> list[float]:
+def _sequence_gains(
+    diag: np.ndarray, row: Callable[[int], np.ndarray], order: Sequence[int], eps: float
+) -> list[float]:
     """Log-det gains of adding ``order`` one by one under ``K``; ``-inf`` for a collapsed pick (a duplicate).
 
-    A pick is collapsed, as in :func:`greedy_dpp_map`, when its residual is below ``eps`` times its diagonal entry.
+    ``K`` is given by its diagonal and a function returning its row ``j``. A pick is collapsed, as in
+    :func:`greedy_dpp_map`, when its residual is below ``eps`` times its diagonal entry.
     """
     m_total = len(order)
-    cis = np.zeros((m_total, K.shape[0]), dtype=float)
-    d2 = np.diag(K).copy()
+    cis = np.zeros((m_total, diag.shape[0]), dtype=float)
+    d2 = diag.copy()
     gains: list[float] = []
     for m, j in enumerate(order):
-        if K[j, j] <= 0.0 or d2[j] < eps * K[j, j]:
+        if diag[j] <= 0.0 or d2[j] < eps * diag[j]:
             gains.append(-math.inf)
             continue
         gains.append(math.log(d2[j]))
-        e = (K[j, :] - cis[:m, j] @ cis[:m, :]) / math.sqrt(d2[j])
+        e = (row(j) - cis[:m, j] @ cis[:m, :]) / math.sqrt(d2[j])
         cis[m, :] = e
         d2 = d2 - e * e
     return gains
@@ -431,10 +455,11 @@ def select_hard_diverse(
 ) -> DPPSelection:
     """Pick ``k`` exemplars that are hard for the current instructions and unlike each other.
 
-    Builds ``L = diag(r) S diag(r)`` from :func:`quality_weights` and :func:`similarity_matrix` and runs
-    :func:`greedy_dpp_map`. With ``theta = 1`` the result is exactly top-``k`` by difficulty (ties by lower
-    index); its ``gains`` are then the log-det gains of that order under ``S`` alone (``-inf`` for a pick that
-    duplicates an earlier one) and ``stopped_early`` is False.
+    Runs :func:`greedy_dpp_map` on ``L = diag(r) S diag(r)`` from :func:`quality_weights` and the similarity
+    of :func:`similarity_matrix`, computing only the rows of ``L`` it picks (through :class:`QuestionFeatures`).
+    With ``theta = 1`` the result is exactly top-``k`` by difficulty (ties by lower index); its ``gains`` are
+    then the log-det gains of that order under ``S`` alone (``-inf`` for a pick that duplicates an earlier one)
+    and ``stopped_early`` is False.
 
     Args:
         texts: The candidate examples' input texts.
@@ -456,12 +481,187 @@ def select_hard_diverse(
     _check_floor(floor)
     _check_featurizer(featurizer)
     texts = list(texts)
-    n = len(texts)
-    d = _difficulty_array(difficulties, n)
-    S = similarity_matrix(texts, featurizer=featurizer, embedder=embedder)
-    if theta == 1.0:
-        order = sorted(range(n), key=lambda i: (-d[i], i))[: min(int(k), n)]
-        return DPPSelection(indices=order, gains=_sequence_gains(S, order, 1e-10), stopped_early=False)
-    r = quality_weights(d, n, theta=theta, floor=floor)
-    L = r[:, None] * S * r[None, :]
-    return greedy_dpp_map(L, k)
+    _difficulty_array(difficulties, len(texts))  # a bad difficulty fails before any embedder call
+    features = QuestionFeatures.build(texts, featurizer=featurizer, embedder=embedder)
+    return features.select(difficulties, k, theta=theta, floor=floor)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Features computed once, kernel rows on demand
+
+
+@dataclass(frozen=True)
+class _CosineRows:
+    """The cosine similarity of a subset of examples, one row at a time.
+
+    Sparse features are stored as entries ``(row, col, val)`` sorted by row then column, with rows L2-normalised;
+    dense features (an embedder's) as a normalised matrix. Row ``j`` is the dot product of example ``j`` with
+    every example, clipped to ``[-1, 1]``, with a 1 on the diagonal; an example without features is similar only to
+    itself. Dot products sum the shared features in column order, so ``row(i)[j] == row(j)[i]`` exactly for
+    sparse features.
+    """
+
+    n: int
+    rows: np.ndarray | None = None
+    cols: np.ndarray | None = None
+    vals: np.ndarray | None = None
+    width: int = 0
+    dense: np.ndarray | None = None
+
+    def row(self, j: int) -> np.ndarray:
+        if self.dense is not None:
+            out = self.dense @ self.dense[j]
+        else:
+            lo, hi = np.searchsorted(self.rows, [j, j + 1])
+            pick = np.zeros(self.width, dtype=float)
+            pick[self.cols[lo:hi]] = self.vals[lo:hi]
+            out = np.bincount(self.rows, weights=self.vals * pick[self.cols], minlength=self.n)
+        np.clip(out, -1.0, 1.0, out=out)
+        out[j] = 1.0
+        return out
+
+
+class QuestionFeatures:
+    """The examples' features, computed once per compile and reused by every hard-and-diverse selection.
+
+    Tokenising (or embedding) every training question is the per-example work; this object does it once. Each
+    :meth:`select` then weighs the features of the examples it may choose from (TF-IDF's idf is computed over
+    that subset, as :func:`select_hard_diverse` computes it over its texts) and runs the greedy DPP MAP asking
+    only for the kernel rows of its picks: memory grows with ``n * k``, never with ``n * n``. The weighted
+    features of the last subset are kept, so consecutive steps choosing from the same examples reuse them.
+
+    Build it with :meth:`build`.
+    """
+
+    def __init__(
+        self,
+        *,
+        n: int,
+        featurizer: str,
+        rows: np.ndarray | None = None,
+        cols: np.ndarray | None = None,
+        counts: np.ndarray | None = None,
+        width: int = 0,
+        embeddings: np.ndarray | None = None,
+    ) -> None:
+        self.n = n
+        self.featurizer = featurizer
+        self._rows, self._cols, self._counts, self._width = rows, cols, counts, width
+        self._embeddings = embeddings
+        self._cached: tuple[tuple[int, ...], _CosineRows] | None = None
+
+    @classmethod
+    def build(
+        cls,
+        texts: Sequence[str],
+        *,
+        featurizer: str = "tfidf",
+        embedder: Callable[[list[str]], np.ndarray] | None = None,
+    ) -> QuestionFeatures:
+        """Tokenise (or embed) the texts once.
+
+        Args:
+            texts: Every example's input text, in training-set order.
+            featurizer: ``"tfidf"`` or ``"hashed"`` (see :func:`similarity_matrix`); ignored with ``embedder``.
+            embedder: Optional callable mapping the list of texts to an ``(n, dim)`` array; called once, here.
+
+        Returns:
+            The features.
+
+        Raises:
+            ValueError: On an unknown featurizer, or an embedder returning the wrong shape or non-finite values.
+        """
+        _check_featurizer(featurizer)
+        texts = [str(t) for t in texts]
+        n = len(texts)
+        if embedder is not None:
+            embeddings = _embeddings(texts, embedder) if n else np.zeros((0, 1), dtype=float)
+            return cls(n=n, featurizer="embedder", embeddings=embeddings)
+        rows: list[int] = []
+        cols: list[int] = []
+        counts: list[float] = []
+        if featurizer == "hashed":
+            width = HASHED_BUCKETS
+            per_text = [Counter(_hashed_bucket(w) for w in _tokens(t)) for t in texts]
+        else:
+            token_counts = [Counter(_tokens(t)) for t in texts]
+            vocab = {w: j for j, w in enumerate(sorted(set().union(*token_counts)))} if token_counts else {}
+            width = len(vocab)
+            per_text = [Counter({vocab[w]: c for w, c in tc.items()}) for tc in token_counts]
+        for i, c in enumerate(per_text):
+            for col in sorted(c):
+                rows.append(i)
+                cols.append(col)
+                counts.append(float(c[col]))
+        return cls(
+            n=n,
+            featurizer=featurizer,
+            rows=np.asarray(rows, dtype=np.int64),
+            cols=np.asarray(cols, dtype=np.int64),
+            counts=np.asarray(counts, dtype=float),
+            width=width,
+        )
+
+    def _similarity(self, subset: tuple[int, ...]) -> _CosineRows:
+        if self._cached is not None and self._cached[0] == subset:
+            return self._cached[1]
+        m = len(subset)
+        if self._embeddings is not None:
+            sub = self._embeddings[list(subset)]
+            norms = np.linalg.norm(sub, axis=1)
+            similarity = _CosineRows(n=m, dense=sub / np.where(norms == 0.0, 1.0, norms)[:, None])
+        else:
+            local = np.full(self.n, -1, dtype=np.int64)
+            local[list(subset)] = np.arange(m)
+            keep = local[self._rows] >= 0
+            rows, cols, vals = local[self._rows[keep]], self._cols[keep], self._counts[keep]
+            order = np.lexsort((cols, rows))  # rows in subset order, columns ascending within a row
+            rows, cols, vals = rows[order], cols[order], vals[order]
+            if self.featurizer == "tfidf" and vals.size:
+                df = np.bincount(cols, minlength=self._width).astype(float)  # one entry per (example, token)
+                vals = vals * (np.log((1.0 + m) / (1.0 + df)) + 1.0)[cols]
+            norms = np.sqrt(np.bincount(rows, weights=vals * vals, minlength=m)) if rows.size else np.zeros(m)
+            vals = vals / norms[rows] if rows.size else vals
+            similarity = _CosineRows(n=m, rows=rows, cols=cols, vals=vals, width=self._width)
+        self._cached = (subset, similarity)
+        return similarity
+
+    def select(
+        self,
+        difficulties: Sequence[float] | None,
+        k: int,
+        *,
+        subset: Sequence[int] | None = None,
+        theta: float = 0.7,
+        floor: float = 0.05,
+    ) -> DPPSelection:
+        """Pick ``k`` hard and diverse examples, as :func:`select_hard_diverse` does for the subset's texts.
+
+        Args:
+            difficulties: ``1 - mean score`` per example of ``subset`` (aligned with it), or ``None``.
+            k: How many examples to pick.
+            subset: The example indices to choose from, in order; default all ``n``.
+            theta: Hardness-versus-diversity trade-off in ``[0, 1]``.
+            floor: Difficulty floor in ``(0, 1]``.
+
+        Returns:
+            The selection; its ``indices`` are positions into ``subset`` (into the texts when ``subset`` is None).
+
+        Raises:
+            ValueError: On any invalid argument, or a subset index outside ``range(n)`` or repeated.
+        """
+        _check_k(k)
+        _check_theta(theta)
+        _check_floor(floor)
+        chosen = tuple(range(self.n)) if subset is None else tuple(int(i) for i in subset)
+        if any(not 0 <= i < self.n for i in chosen) or len(set(chosen)) != len(chosen):
+            raise ValueError(f"subset must hold distinct example indices in [0, {self.n}), got {list(chosen)!r}")
+        m = len(chosen)
+        d = _difficulty_array(difficulties, m)
+        similarity = self._similarity(chosen)
+        if theta == 1.0:
+            order = sorted(range(m), key=lambda i: (-d[i], i))[: min(int(k), m)]
+            gains = _sequence_gains(np.ones(m), similarity.row, order, 1e-10)
+            return DPPSelection(indices=order, gains=gains, stopped_early=False)
+        r = quality_weights(d, m, theta=theta, floor=floor)
+        return _greedy_on_rows(r * r, lambda j: r[j] * similarity.row(j) * r, k, 1e-10)

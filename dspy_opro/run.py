@@ -379,7 +379,7 @@ class OPRORun:
         k = min(cfg.num_exemplars, len(eligible))
         if cfg.exemplar_selection != "hard_diverse":
             return draw_exemplar_indices(eligible, k, step, seed=cfg.seed, criteria=cfg.exemplar_selection)
-        from dspy_opro.diversity import select_hard_diverse
+        from dspy_opro.diversity import QuestionFeatures
 
         difficulties = None
         scored = [c for c in self.state.scored() if c.scores]
@@ -388,8 +388,9 @@ class OPRORun:
             for i in eligible:
                 values = [c.scores[i] for c in scored if c.scores[i] is not None]
                 difficulties.append(1.0 - sum(values) / len(values) if values else 1.0)
-        texts = [self._question(i) for i in eligible]
-        selection = select_hard_diverse(texts, difficulties, k, theta=cfg.diversity_theta)
+        if not hasattr(self, "question_features"):  # tokenise the questions once per compile
+            self.question_features = QuestionFeatures.build([self._question(i) for i in range(len(self.trainset))])
+        selection = self.question_features.select(difficulties, k, subset=eligible, theta=cfg.diversity_theta)
         return sorted(eligible[j] for j in selection.indices)
 
     def _question(self, index: int) -> str:

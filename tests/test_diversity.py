@@ -10,6 +10,7 @@ import pytest
 from dspy_opro.diversity import (
     HASHED_BUCKETS,
     DPPSelection,
+    QuestionFeatures,
     greedy_dpp_map,
     quality_weights,
     select_hard_diverse,
@@ -410,3 +411,111 @@ def test_exact_duplicates_never_both_picked_at_high_theta():
         chosen = [texts[i] for i in sel.indices]
         assert len(chosen) == len(set(chosen)), (case, theta)
         assert all(b <= a + 1e-12 * max(1.0, abs(a)) for a, b in zip(sel.gains[:-1], sel.gains[1:], strict=True))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# QuestionFeatures: features once, kernel rows on demand
+
+
+def _full_matrix_selection(texts, difficulties, k, theta, featurizer="tfidf", embedder=None) -> DPPSelection:
+    """The selection as computed before QuestionFeatures: the whole n x n kernel, then greedy MAP."""
+    n = len(texts)
+    r = quality_weights(difficulties, n, theta=theta)
+    S = similarity_matrix(texts, featurizer=featurizer, embedder=embedder)
+    return greedy_dpp_map(r[:, None] * S * r[None, :], k)
+
+
+def test_row_kernel_selections_equal_full_matrix_selections():
+    rng = np.random.default_rng(8)
+    for case in range(60):
+        base = _random_texts(rng, 30)
+        texts = base + [base[i] for i in rng.integers(0, 30, size=10)] + [""]
+        difficulties = rng.choice([0.0, 0.1, 0.5, 0.9, 1.0], size=len(texts))
+        theta = [0.0, 0.3, 0.7, 0.9, 0.99][case % 5]
+        featurizer = "hashed" if case % 2 else "tfidf"
+        k = int(rng.integers(1, 12))
+        new = select_hard_diverse(texts, difficulties, k, theta=theta, featurizer=featurizer)
+        old = _full_matrix_selection(texts, difficulties, k, theta, featurizer)
+        assert new.indices == old.indices, case
+        assert new.stopped_early == old.stopped_early
+        np.testing.assert_allclose(new.gains, old.gains, rtol=1e-9, atol=1e-9)
+
+
+def test_row_kernel_with_embedder_equals_full_matrix():
+    rng = np.random.default_rng(9)
+    vectors = rng.normal(size=(25, 6))
+    vectors[4] = 0.0
+    vectors[7] = 2 * vectors[3]
+    texts = [f"t{i}" for i in range(25)]
+    difficulties = rng.uniform(0, 1, 25)
+    new = select_hard_diverse(texts, difficulties, 10, embedder=lambda batch: vectors)
+    old = _full_matrix_selection(texts, difficulties, 10, 0.7, embedder=lambda batch: vectors)
+    assert new.indices == old.indices
+    np.testing.assert_allclose(new.gains, old.gains, rtol=1e-9, atol=1e-9)
+
+
+def test_similarity_rows_match_the_matrix_and_are_exactly_symmetric():
+    rng = np.random.default_rng(10)
+    texts = _random_texts(rng, 40) + ["", "apple apple"]
+    for featurizer in ("tfidf", "hashed"):
+        features = QuestionFeatures.build(texts, featurizer=featurizer)
+        rows = np.array([features._similarity(tuple(range(42))).row(j) for j in range(42)])
+        np.testing.assert_array_equal(rows, rows.T)
+        np.testing.assert_allclose(rows, similarity_matrix(texts, featurizer=featurizer), rtol=0, atol=1e-12)
+
+
+def test_subset_selection_equals_selection_on_the_subset_texts():
+    rng = np.random.default_rng(11)
+    texts = _random_texts(rng, 50)
+    features = QuestionFeatures.build(texts)
+    for case in range(20):
+        subset = sorted(rng.choice(50, size=int(rng.integers(5, 50)), replace=False).tolist())
+        difficulties = rng.uniform(0, 1, len(subset)) if case % 3 else None
+        got = features.select(difficulties, 4, subset=subset, theta=0.6)
+        expected = select_hard_diverse([texts[i] for i in subset], difficulties, 4, theta=0.6)
+        assert got.indices == expected.indices, case
+        np.testing.assert_allclose(got.gains, expected.gains, rtol=1e-12, atol=1e-12)
+
+
+def test_features_are_built_once_and_reused_across_steps():
+    calls: list[int] = []
+    vectors = np.random.default_rng(12).normal(size=(20, 4))
+
+    def embed(batch: list[str]) -> np.ndarray:
+        calls.append(len(batch))
+        return vectors
+
+    features = QuestionFeatures.build([f"q{i}" for i in range(20)], embedder=embed)
+    first = features.select(None, 3, subset=list(range(20)))
+    for _ in range(5):
+        assert features.select(None, 3, subset=list(range(20))) == first
+    features.select(None, 3, subset=list(range(2, 20)))
+    assert calls == [20]  # embedded once for the whole compile
+    cached = features._similarity(tuple(range(2, 20)))
+    assert features._similarity(tuple(range(2, 20))) is cached  # the same subset reuses its weighted features
+
+
+def test_memory_grows_with_n_times_k_not_n_squared():
+    import tracemalloc
+
+    rng = np.random.default_rng(13)
+    texts = _random_texts(rng, 3000)
+    features = QuestionFeatures.build(texts)
+    difficulties = rng.uniform(0, 1, 3000)
+    tracemalloc.start()
+    try:
+        features.select(difficulties, 3)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * 1024**2  # the n x n matrix alone would be 3000 * 3000 * 8 bytes = 72 MB
+
+
+def test_bad_subset():
+    features = QuestionFeatures.build(["a", "b", "c"])
+    with pytest.raises(ValueError, match=r"subset must hold distinct example indices in \[0, 3\)"):
+        features.select(None, 1, subset=[0, 3])
+    with pytest.raises(ValueError, match="subset must hold distinct"):
+        features.select(None, 1, subset=[1, 1])
+    with pytest.raises(ValueError, match="pass exactly one difficulty per text"):
+        features.select([0.5, 0.5], 1, subset=[0])
