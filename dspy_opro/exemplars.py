@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 
 NO_REFERENCE_NOTE = "(no reference answer available)"
 
@@ -49,6 +48,8 @@ def draw_exemplar_indices(
         raise ValueError(f"cannot draw {k} exemplars from {len(indices)} indices; lower num_exemplars")
     if k == 0:
         return []
+    import numpy as np  # here, not at the top: ``import dspy_opro`` stays cheap
+
     draw_step = step if criteria == "random" else 0
     rng = np.random.RandomState(seed * _SEED_STRIDE + draw_step)
     chosen = rng.choice(np.asarray(list(indices)), k, replace=False)

@@ -45,11 +45,11 @@ import hashlib
 import math
 import numbers
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Final
 
-import numpy as np
 
 __all__ = [
     "BLOCK_SEPARATOR",
@@ -300,7 +300,7 @@ def validate_meta_prompt_options(
     _check_choice("optimizer_family", optimizer_family, OPTIMIZER_FAMILIES)
     _check_choice("instruction_pos", instruction_pos, INSTRUCTION_POSITIONS)
     _check_choice("meta_prompt_type", meta_prompt_type, META_PROMPT_TYPES)
-    if not isinstance(include_qa, (bool, np.bool_)):
+    if not _is_bool(include_qa):
         raise ValueError(f"include_qa must be a bool; got {include_qa!r}")
     if meta_prompt_type == "instructions_only" and instruction_pos not in INSTRUCTIONS_ONLY_POSITIONS:
         raise ValueError(
@@ -331,9 +331,15 @@ def validate_meta_prompt_options(
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _is_bool(value: object) -> bool:
+    """Whether ``value`` is a Python or numpy bool, without importing numpy (an unimported numpy made no bool)."""
+    numpy = sys.modules.get("numpy")
+    return isinstance(value, bool) or (numpy is not None and isinstance(value, numpy.bool_))
+
+
 def _checked_score(score: object) -> float:
     """Return ``score`` as a float, raising ``ValueError`` unless it is a real number in [0, 1]."""
-    if isinstance(score, (bool, np.bool_)) or not isinstance(score, numbers.Real):
+    if _is_bool(score) or not isinstance(score, numbers.Real):
         raise ValueError(f"score must be a number in [0, 1]; got {score!r}")
     value = float(score)
     if not 0.0 <= value <= 1.0:  # also rejects NaN
@@ -343,6 +349,8 @@ def _checked_score(score: object) -> float:
 
 def _numpy_round(score: float, decimals: int) -> float:
     """Round like ``round(np.float64(score), decimals)``: scale, round half to even, unscale."""
+    import numpy as np  # here, not at the top: ``import dspy_opro`` stays cheap
+
     return float(np.round(np.float64(score), decimals))
 
 
