@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-
 NO_REFERENCE_NOTE = "(no reference answer available)"
 
 # Spreads user seeds far apart so that seed s at step t never collides with seed s' at step t'.

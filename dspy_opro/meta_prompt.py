@@ -50,7 +50,6 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Final
 
-
 __all__ = [
     "BLOCK_SEPARATOR",
     "GPT_ANSWER_TEMPLATE",
