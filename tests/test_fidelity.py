@@ -326,3 +326,54 @@ def test_q_end_demos_carry_the_text_and_the_field_name_avoids_a_clash() -> None:
     assert placed.signature.input_fields["opro_instruction"].default == "Check twice."
     assert placed.demos[0].opro_instruction == "Check twice." and "opro_instruction" not in program.demos[0]
     assert list(program.signature.input_fields) == ["question", "instruction"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Defaults that differ from the authors' settings
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_defaults_that_differ_from_the_authors_reach_the_run() -> None:
+    """10 steps (theirs 200), threshold 0 (theirs 0.3 with GPT scorers), max_tokens 1024 (their GPT optimizer 512),
+    no length limit (theirs 500 characters)."""
+    task_lm, _ = make_lm(_toy_task)
+    opt_lm, opt_engine = make_lm(scripted_optimizer(["<INS>" + "Be better. " * 60 + "</INS>"]))
+    optimizer = OPROTeleprompter(lambda example, prediction, trace=None: float(prediction.answer == example.answer),
+                                 prompt_model=opt_lm, task_model=task_lm, num_candidates=1, num_threads=1)
+    assert (optimizer.num_steps, optimizer.score_threshold, optimizer.max_tokens,
+            optimizer.max_instruction_chars) == (10, 0.0, 1024, None)
+    trainset = [dspy.Example(question=f"item {i}", answer=f"a{i}").with_inputs("question") for i in range(3)]
+    record = optimizer.compile(dspy.Predict("question -> answer"), trainset=trainset).opro_run
+    assert len(record.steps) == len(opt_engine.requests) == 10
+    assert {r.config.max_tokens for r in opt_engine.requests} == {1024}
+    long_instruction = record.candidates[1].instruction
+    assert len(long_instruction) == 659 and record.candidates[1].status == "scored"
+    # A zero-score instruction stays in the meta-prompt: the start scored 0 and is shown at every step.
+    assert all("score:\n0\n" in user_text(r) for r in opt_engine.requests)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The fidelity page names a test on every row
+# --------------------------------------------------------------------------------------------------------------
+
+TEST_REFERENCE = re.compile(r"`(tests/test_\w+\.py)::(\w+)`")
+
+
+def _table_rows(section: str) -> list[str]:
+    page = (Path(__file__).parent.parent / "docs" / "fidelity.md").read_text(encoding="utf-8")
+    body = page.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in body.splitlines() if line.startswith("| ")]
+    return rows[1:]  # the header row (the separator row starts with "| ---")
+
+
+@pytest.mark.parametrize("section", ["What is identical", "What differs, and why", "What is not ported"])
+def test_every_row_of_the_fidelity_page_names_a_test_that_exists(section: str) -> None:
+    rows = [row for row in _table_rows(section) if not row.startswith("| ---")]
+    assert rows
+    root = Path(__file__).parent.parent
+    for row in rows:
+        references = TEST_REFERENCE.findall(row)
+        assert references, f"no test named in the row {row[:80]!r}"
+        for path, name in references:
+            source = (root / path).read_text(encoding="utf-8")
+            assert re.search(rf"^def {name}\(", source, re.M), f"{path}::{name} does not exist"
