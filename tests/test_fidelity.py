@@ -377,3 +377,20 @@ def test_every_row_of_the_fidelity_page_names_a_test_that_exists(section: str) -
         for path, name in references:
             source = (root / path).read_text(encoding="utf-8")
             assert re.search(rf"^def {name}\(", source, re.M), f"{path}::{name} does not exist"
+
+
+def test_q_end_text_survives_a_whole_program_save_but_not_a_json_state_file(tmp_path: Path) -> None:
+    """What the fidelity page says about saving a Q_end program."""
+    from dspy_opro.programs import with_instructions
+
+    placed = with_instructions(dspy.Predict("question -> answer"), {"self": "Check twice."}, instruction_pos="Q_end")
+    placed.save(str(tmp_path / "program"), save_program=True)
+    assert dspy.load(str(tmp_path / "program"), allow_pickle=True).signature.input_fields["instruction"].default == (
+        "Check twice.")
+    placed.save(str(tmp_path / "program.json"))
+    fresh = dspy.Predict("question -> answer")
+    fresh.load(str(tmp_path / "program.json"))
+    assert list(fresh.signature.input_fields) == ["question"]
+    assert "Check twice." not in json.dumps(fresh.dump_state())
+    # DSPy pairs saved field descriptions with fields by position: the answer gets the extra field's.
+    assert fresh.signature.output_fields["answer"].json_schema_extra["desc"] == "${instruction}"
