@@ -193,6 +193,7 @@ class OPROTeleprompter(Teleprompter):
                 f"exemplar_selection must be 'random', 'constant' or 'hard_diverse'; got {exemplar_selection!r}"
             )
         _check_number("diversity_theta", diversity_theta, low=0.0, high=1.0)
+        check_instruction_pos(instruction_pos)  # where the program can put the text; A_begin it cannot
         validate_meta_prompt_options(
             optimizer_family=optimizer_family,
             instruction_pos=instruction_pos,
@@ -202,7 +203,6 @@ class OPROTeleprompter(Teleprompter):
             max_num_instructions=max_num_instructions,
             score_threshold=score_threshold,
         )
-        check_instruction_pos(instruction_pos)  # where the program can put the text; A_begin it cannot
         _check_int("max_instruction_chars", max_instruction_chars, minimum=1, allow_none=True)
         _check_number("temperature", temperature, low=0.0, high=2.0)
         _check_int("max_tokens", max_tokens, minimum=1)
