@@ -7,6 +7,7 @@ from typing import Any
 
 import dspy
 
+from dspy_opro.placement import AFTER_INPUTS, check_instruction_pos, place_after_inputs
 from dspy_opro.state import digest
 
 
@@ -40,13 +41,25 @@ def read_instructions(program: dspy.Module, names: Sequence[str]) -> dict[str, s
     return {name: split_instructions(predictors[name].signature.instructions)[0] for name in names}
 
 
-def with_instructions(program: dspy.Module, instructions: Mapping[str, str]) -> dspy.Module:
-    """A deep copy of ``program`` whose named predictors carry the given instructions, fixed tails kept."""
+def with_instructions(program: dspy.Module, instructions: Mapping[str, str], *,
+                      instruction_pos: str = "Q_begin") -> dspy.Module:
+    """A deep copy of ``program`` whose named predictors carry the given texts, fixed tails kept.
+
+    Args:
+        program: The program as given (not modified).
+        instructions: The text for each named predictor.
+        instruction_pos: Where each text goes (:mod:`dspy_opro.placement`): the signature's instructions for
+            ``"Q_begin"`` and ``"before_Q"``, an input field after the inputs for ``"Q_end"``.
+    """
+    check_instruction_pos(instruction_pos)
     copy = program.deepcopy()
     predictors = predictor_map(copy)
     for name, text in instructions.items():
         predictor = predictors[name]
         tail = split_instructions(predictor.signature.instructions)[1]
+        if instruction_pos in AFTER_INPUTS:
+            place_after_inputs(predictor, text, tail)
+            continue
         if tail and not text:
             tail = tail.lstrip()
         predictor.signature = predictor.signature.with_instructions(text + tail)

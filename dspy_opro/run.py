@@ -18,7 +18,7 @@ import tqdm
 
 from dspy_opro import selection
 from dspy_opro.exemplars import NO_REFERENCE_NOTE, draw_exemplar_indices, render_fields
-from dspy_opro.meta_prompt import extract_instruction, gen_meta_prompt, instruction_md5, polish_sentence
+from dspy_opro.meta_prompt import gen_meta_prompt, instruction_md5
 from dspy_opro.programs import (
     dataset_fingerprint,
     output_fields,
@@ -52,6 +52,7 @@ from dspy_opro.state import (
     load_state,
     save_state,
 )
+from dspy_opro.triage import triage_replies
 
 if TYPE_CHECKING:
     from dspy_opro.teleprompter import OPROTeleprompter
@@ -415,43 +416,27 @@ class OPRORun:
         return pairs
 
     def _triage(self, record: Step, replies: list[str]) -> None:
-        """Extract, polish and de-duplicate the replies; new instructions become pending candidates."""
+        """Extract, polish and de-duplicate the replies (:func:`triage_replies`); new ones become pending candidates."""
         cfg, state = self.cfg, self.state
         predictor = record.predictor
         seen = {instruction_md5(state.candidates[START_ID].instructions[predictor]): START_ID}
         seen.update({c.md5: c.id for c in state.candidates if c.predictor == predictor})
         best = state.best() or state.candidates[START_ID]
-        for text in replies:
-            instruction = extract_instruction(text, optimizer_family=cfg.optimizer_family,
-                                              instruction_pos=cfg.instruction_pos,
-                                              meta_prompt_type=cfg.meta_prompt_type)
-            if instruction is None:
-                record.replies.append(Reply(text=text, instruction=None, fate="no_instruction"))
+        for verdict in triage_replies(replies, seen, optimizer_family=cfg.optimizer_family,
+                                      instruction_pos=cfg.instruction_pos, meta_prompt_type=cfg.meta_prompt_type,
+                                      max_instruction_chars=cfg.max_instruction_chars):
+            text, instruction, fate, reason = verdict.text, verdict.instruction, verdict.fate, verdict.reason
+            if instruction is None or fate == "duplicate":
+                record.replies.append(Reply(text=text, instruction=instruction, fate=fate,
+                                            candidate_id=seen.get(verdict.md5) if verdict.md5 else None))
                 continue
-            instruction = polish_sentence(instruction)
-            md5 = instruction_md5(instruction)
-            if md5 in seen:
-                record.replies.append(Reply(text=text, instruction=instruction, fate="duplicate",
-                                            candidate_id=seen[md5]))
-                continue
-            fate, reason = self._skip_reason(instruction)
             candidate = Candidate(id=len(state.candidates), step=record.step, predictor=predictor,
                                   instruction=instruction, instructions={**best.instructions, predictor: instruction},
-                                  md5=md5, status="skipped" if reason else "pending", reason=reason,
+                                  md5=verdict.md5, status="skipped" if reason else "pending", reason=reason,
                                   scores=[] if reason else [None] * len(self.trainset))
             state.candidates.append(candidate)
-            seen[md5] = candidate.id
+            seen[verdict.md5] = candidate.id
             record.replies.append(Reply(text=text, instruction=instruction, fate=fate, candidate_id=candidate.id))
-
-    def _skip_reason(self, instruction: str) -> tuple[str, str | None]:
-        if not instruction:
-            return "empty", "empty instruction"
-        limit = self.cfg.max_instruction_chars
-        if limit is not None and len(instruction) > limit:
-            return "too_long", f"{len(instruction)} characters > max_instruction_chars={limit}"
-        if "INS" in instruction:  # the authors' filter against leftover <INS> tags (case-sensitive, as theirs)
-            return "contains_ins", "contains 'INS' (a leftover tag)"
-        return "new", None
 
     # ------------------------------------------------------------------------------------------------------------
     # Scoring
@@ -478,7 +463,7 @@ class OPRORun:
 
         def jobs() -> Iterator[ExampleJob]:
             for candidate, missing in todo:
-                program = with_instructions(self.base, candidate.instructions)
+                program = with_instructions(self.base, candidate.instructions, instruction_pos=self.cfg.instruction_pos)
                 metric = self.metric if candidate.id != START_ID or not self.cfg.label_free else None
                 for i in missing:
                     yield ExampleJob(
@@ -624,10 +609,11 @@ class OPRORun:
     def _result(self) -> dspy.Module:
         state = self.state
         chosen = state.candidates[state.selection.candidate_id]
-        program = with_instructions(self.base, chosen.instructions)
+        program = with_instructions(self.base, chosen.instructions, instruction_pos=self.cfg.instruction_pos)
         ranked = sorted(state.scored(), key=lambda c: -c.score)
         program.candidate_programs = [
-            {"score": c.score, "program": with_instructions(self.base, c.instructions),
+            {"score": c.score,
+             "program": with_instructions(self.base, c.instructions, instruction_pos=self.cfg.instruction_pos),
              "instructions": dict(c.instructions), "step": c.step, "val_score": c.val_score}
             for c in ranked
         ]

@@ -35,6 +35,7 @@ import dspy
 from dspy.teleprompt.teleprompt import Teleprompter
 
 from dspy_opro.meta_prompt import validate_meta_prompt_options
+from dspy_opro.placement import check_instruction_pos
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +82,10 @@ class OPROTeleprompter(Teleprompter):
         num_score_buckets: Scores are shown as integers from 0 to this number; ``math.inf`` shows them rounded to
             three decimals.
         optimizer_family: ``"gpt"`` or ``"palm"``: which of the authors' meta-prompt wordings to use.
-        instruction_pos: Where the instruction sits in the exemplars of the meta-prompt: ``"Q_begin"``,
-            ``"Q_end"``, ``"before_Q"`` or ``"A_begin"`` (the last two need ``include_qa=True``).
+        instruction_pos: Where the instruction sits, in the meta-prompt's problems and in the program alike:
+            ``"Q_begin"`` or ``"before_Q"`` (the predictor's instructions, before the inputs; ``"before_Q"`` needs
+            ``include_qa=True``) or ``"Q_end"`` (an input field after the inputs). ``"A_begin"`` (the start of
+            the answer) is refused: DSPy cannot start a model's answer with a given text.
         include_qa: Render exemplars with ``Q:``/``A:`` markers.
         meta_prompt_type: ``"both_instructions_and_exemplars"`` (the paper) or ``"instructions_only"``.
         task_description: The task words of an ``instructions_only`` meta-prompt, e.g. ``"grade school math"``.
@@ -190,6 +193,7 @@ class OPROTeleprompter(Teleprompter):
                 f"exemplar_selection must be 'random', 'constant' or 'hard_diverse'; got {exemplar_selection!r}"
             )
         _check_number("diversity_theta", diversity_theta, low=0.0, high=1.0)
+        check_instruction_pos(instruction_pos)  # where the program can put the text; A_begin it cannot
         validate_meta_prompt_options(
             optimizer_family=optimizer_family,
             instruction_pos=instruction_pos,

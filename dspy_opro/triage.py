@@ -1,0 +1,95 @@
+"""Reply triage: what becomes of each optimizer reply, decided by a pure function.
+
+After every step the authors' loop extracts one instruction from each reply, polishes it, drops it when its md5
+was generated before (earlier in the step or in an earlier step; the check registers every instruction it sees,
+skipped ones included), and skips the survivors that fail their filters. :func:`triage_replies` does the same in
+sample order and says, per reply, what happened and why. It holds no state of the run: the caller passes the md5s
+it has seen and turns the verdicts into candidates. The differences from the authors' filters (empty
+instructions skipped, the 500-character limit opt-in, no gsm8k digit filter) are listed on the fidelity page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from dspy_opro.meta_prompt import extract_instruction, instruction_md5, polish_sentence
+
+Fate = Literal["new", "duplicate", "no_instruction", "empty", "too_long", "contains_ins"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What became of one reply.
+
+    ``instruction`` is the extracted and polished text (None when the reply held none); ``md5`` its digest;
+    ``reason`` says why a non-empty reply is not scored (None for ``"new"`` and ``"duplicate"``).
+    """
+
+    text: str
+    instruction: str | None
+    fate: Fate
+    md5: str | None = None
+    reason: str | None = None
+
+
+def skip_reason(instruction: str, *, max_instruction_chars: int | None) -> tuple[Fate, str | None]:
+    """The filter verdict on one polished, not yet seen instruction: ``("new", None)`` when it is to be scored.
+
+    Args:
+        instruction: The polished instruction.
+        max_instruction_chars: The length limit, or None for none (the authors use 500).
+    """
+    if not instruction:
+        return "empty", "empty instruction"
+    if max_instruction_chars is not None and len(instruction) > max_instruction_chars:
+        return "too_long", f"{len(instruction)} characters > max_instruction_chars={max_instruction_chars}"
+    if "INS" in instruction:  # the authors' filter against leftover <INS> tags (case-sensitive, as theirs)
+        return "contains_ins", "contains 'INS' (a leftover tag)"
+    return "new", None
+
+
+def triage_replies(
+    replies: Sequence[str],
+    seen_md5s: Iterable[str],
+    *,
+    optimizer_family: str,
+    instruction_pos: str,
+    meta_prompt_type: str,
+    max_instruction_chars: int | None,
+) -> list[Verdict]:
+    """Extract, polish, de-duplicate and filter one step's replies, in sample order.
+
+    Args:
+        replies: The optimizer's replies, in sample order.
+        seen_md5s: md5s of the instructions generated before (the run also passes its starting instructions').
+            Not modified; each new instruction's md5 counts as seen for the later replies of the same call.
+        optimizer_family: ``"gpt"`` or ``"palm"`` (which reply format to parse).
+        instruction_pos: The meta-prompt's position (``"A_begin"`` parses ``<Start>`` tags).
+        meta_prompt_type: ``"instructions_only"`` parses ``<TEXT>`` tags.
+        max_instruction_chars: The length limit, or None.
+
+    Returns:
+        One verdict per reply, in order.
+    """
+    seen = set(seen_md5s)
+    verdicts: list[Verdict] = []
+    for text in replies:
+        extracted = extract_instruction(text, optimizer_family=optimizer_family, instruction_pos=instruction_pos,
+                                        meta_prompt_type=meta_prompt_type)
+        if extracted is None:
+            verdicts.append(Verdict(text=text, instruction=None, fate="no_instruction"))
+            continue
+        instruction = polish_sentence(extracted)
+        md5 = instruction_md5(instruction)
+        if md5 in seen:
+            verdicts.append(Verdict(text=text, instruction=instruction, fate="duplicate", md5=md5))
+            continue
+        seen.add(md5)  # registered whether or not it passes the filters, as the authors do
+        fate, reason = skip_reason(instruction, max_instruction_chars=max_instruction_chars)
+        verdicts.append(Verdict(text=text, instruction=instruction, fate=fate, md5=md5, reason=reason))
+    return verdicts
+
+
+__all__ = ["Verdict", "skip_reason", "triage_replies"]
