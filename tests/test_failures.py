@@ -15,6 +15,8 @@ import errno
 import hashlib
 import json
 import logging
+import re
+from pathlib import Path
 
 import dspy
 import pytest
@@ -509,3 +511,19 @@ def test_md5_and_cleaning_handle_lone_surrogates():
     assert instruction_md5("plain") == hashlib.md5(b"plain").hexdigest()
     assert clean_text("a\ud800b\x00") == "a\ufffdb\x00"
     assert clean_text("ok \U0001f600") == "ok \U0001f600"
+
+
+# ------------------------------------------------------------------------------------- docs/failures.md is tested
+
+
+def test_every_row_of_the_failures_table_names_tests_that_exist():
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "docs" / "failures.md").read_text(encoding="utf-8")
+    table = text.split("| What went wrong |", 1)[1].split("\n\n", 1)[0]
+    rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
+    assert len(rows) == 21
+    for row in rows:
+        named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", row.rsplit("|", 2)[1])
+        assert named, row
+        for path, test in named:
+            assert re.search(rf"^def {test}\(", (root / path).read_text(), re.M), (path, test)
