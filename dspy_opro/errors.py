@@ -166,12 +166,16 @@ def check_model_ready(lm: Any, role: str) -> None:
                 "example 'openai/gpt-4o-mini' (see https://docs.litellm.ai/docs/providers)"
             ) from exc
         raise
-    if kwargs.get("api_key"):
-        return
+    if any(("key" in name or "token" in name or "credential" in name) and value for name, value in kwargs.items()):
+        return  # credentials passed to dspy.LM
+    provider = model.split("/", 1)[0] if "/" in model else "openai"
+    if kwargs.get("api_base") and provider != "openai":
+        return  # a self-hosted server may need no key; the OpenAI client always does
     try:
-        missing = litellm.validate_environment(model=model).get("missing_keys") or []
+        report = litellm.validate_environment(model=model)
     except Exception:  # an unusual provider LiteLLM cannot check: leave it to the first call
         return
+    missing = [] if report.get("keys_in_environment") else report.get("missing_keys") or []
     keys = [key for key in missing if key.endswith("_API_KEY") and not os.environ.get(key)]
     if keys:
         raise FatalLMError(

@@ -181,6 +181,20 @@ def test_the_real_missing_key_and_unknown_provider_exceptions_are_classified_fat
     check_model_ready(dspy.LM("openai/gpt-4o", engine="litellm", api_key="k"), "optimizer")  # a key: no error
 
 
+def test_the_up_front_key_check_accepts_every_way_of_passing_credentials(monkeypatch):
+    for name in ("GEMINI_API_KEY", "GOOGLE_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(FatalLMError, match="'gemini/gemini-pro' has no API key: set .*GEMINI_API_KEY"):
+        check_model_ready(dspy.LM("gemini/gemini-pro", engine="litellm"), "task")
+    monkeypatch.setenv("GEMINI_API_KEY", "k")
+    check_model_ready(dspy.LM("gemini/gemini-pro", engine="litellm"), "task")  # either of its variables will do
+    # A self-hosted server needs no key; the OpenAI client does, even with an api_base.
+    check_model_ready(dspy.LM("hosted_vllm/m", engine="litellm", api_base="http://127.0.0.1:1/v1"), "task")
+    with pytest.raises(FatalLMError, match="OPENAI_API_KEY"):
+        check_model_ready(dspy.LM("openai/m", engine="litellm", api_base="http://127.0.0.1:1/v1"), "task")
+    check_model_ready(dspy.LM("openai/m", api_base="http://127.0.0.1:1/v1"), "task")  # native engine: its own check
+
+
 # ---------------------------------------------------------------------------- 4. optimizer failures are visible
 
 
