@@ -132,7 +132,8 @@ def test_a_fatal_answer_stops_the_run_at_once_naming_the_model(endpoint, tmp_pat
     try:
         train = simulated_dataset(3)
         models = {"optimizer": lm(endpoint, OPT), "task": lm(endpoint, TASK), "judge": lm(endpoint, JUDGE)}
-        models[role] = lm(refusing, {"optimizer": OPT, "task": TASK, "judge": JUDGE}[role])
+        # DSPy's default num_retries=3: a fatal answer is still asked only once.
+        models[role] = refusing.lm({"optimizer": OPT, "task": TASK, "judge": JUDGE}[role])
         teleprompter = OPROTeleprompter(None, prompt_model=models["optimizer"], task_model=models["task"],
                                         judge_model=models["judge"], num_steps=2, num_candidates=2, num_threads=1,
                                         log_dir=tmp_path)
