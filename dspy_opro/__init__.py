@@ -2,7 +2,14 @@
 
 from dspy.utils.logging_utils import configure_dspy_loggers
 
-from dspy_opro.scoring import FatalLMError, MetricError, OPRORunError
+from dspy_opro.errors import (
+    EmptyResponseError,
+    FatalLMError,
+    LogDirError,
+    MetricError,
+    OPRORunError,
+    ProgramError,
+)
 from dspy_opro.state import RunState, StateFileError
 from dspy_opro.teleprompter import OPRO, OPROTeleprompter
 
@@ -13,10 +20,13 @@ configure_dspy_loggers(__name__)
 
 __all__ = [
     "OPRO",
+    "EmptyResponseError",
     "FatalLMError",
+    "LogDirError",
     "MetricError",
     "OPROTeleprompter",
     "OPRORunError",
+    "ProgramError",
     "RunState",
     "StateFileError",
     "__version__",

@@ -13,6 +13,7 @@ from typing import Any
 
 import dspy
 
+from dspy_opro.errors import clean_text
 from dspy_opro.preference import PairwiseJudge, preference_to_score, render_inputs, render_trajectory
 from dspy_opro.scoring import ExampleResult
 from dspy_opro.state import digest
@@ -24,10 +25,16 @@ def example_key(example: dspy.Example) -> str:
 
 
 def anchor_text(result: ExampleResult) -> str:
-    """The rendered trajectory of one run of the starting program."""
+    """The rendered trajectory of one run of the starting program (cleaned of lone surrogates).
+
+    Only a run that answered or that the program itself failed (``ok``, ``failed``) makes an anchor; an outage
+    (``infra``) is no trajectory, and the caller scores the start again instead of storing it.
+    """
+    if result.outcome == "failed":
+        return clean_text(f"The program failed: {result.error}")
     if result.outcome != "ok":
-        return f"The program failed: {result.error}"
-    return render_trajectory(result.prediction, result.trace)
+        raise ValueError(f"a {result.outcome!r} run is no anchor: {result.error}")
+    return clean_text(render_trajectory(result.prediction, result.trace))
 
 
 class AnchorPreferenceMetric:

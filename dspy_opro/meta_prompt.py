@@ -641,7 +641,8 @@ def instruction_md5(text: str) -> str:
     """The de-duplication key of an instruction: the md5 hex digest of its UTF-8 bytes.
 
     For ASCII text this equals the authors' ``md5(text.encode("ascii"))``; other text, on which theirs raises
-    ``UnicodeEncodeError``, gets a digest too. No normalisation is applied.
+    ``UnicodeEncodeError``, gets a digest too; so does text with a lone surrogate, which UTF-8 cannot encode
+    (it is hashed as its surrogate code unit, ``surrogatepass``). No normalisation is applied.
 
     Args:
         text: The polished instruction.
@@ -649,4 +650,4 @@ def instruction_md5(text: str) -> str:
     Returns:
         32 lowercase hexadecimal characters.
     """
-    return hashlib.md5(text.encode("utf-8")).hexdigest()
+    return hashlib.md5(text.encode("utf-8", "surrogatepass")).hexdigest()

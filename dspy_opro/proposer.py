@@ -8,8 +8,13 @@ the calls run in parallel, each with its own seeded ``rollout_id``. DSPy's cache
 the identical requests are neither collapsed into one cached answer nor re-bought when a run is repeated with the
 cache on, and the seed makes the ids reproducible.
 
-A call that still fails after DSPy's own retries is tried once more and then dropped, so a step can yield fewer
-replies than asked; authentication, billing and configuration errors stop the run at once.
+A call that still fails after DSPy's own retries, or that answers with no choices at all, is logged at WARNING,
+tried once more and then dropped, so a step can yield fewer replies than asked; authentication, permission,
+billing, unknown-model and configuration errors stop the run at once with :class:`FatalLMError` naming the model.
+A provider that answers an ``n`` request with fewer choices (some OpenAI-compatible servers ignore ``n``) gets the
+missing ones asked as single-choice requests with their own seeded rollout ids, so each step still gets
+``num_candidates`` proposals; the run remembers that the model ignores ``n`` (logged once) and asks it with
+single-choice requests from then on.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from typing import Any
 
 import dspy
 
-from dspy_opro.scoring import FatalLMError, UsageCapture, classify_exception
+from dspy_opro.errors import EmptyResponseError, classify_exception, clean_text, describe_exception, fatal_lm_error
+from dspy_opro.scoring import UsageCapture
 from dspy_opro.state import ModelUsage
 
 logger = logging.getLogger(__name__)
@@ -42,16 +48,23 @@ class Proposals:
 
     replies: list[str] = field(default_factory=list)  # in sample order, failed samples left out
     failed_calls: int = 0
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # the last error of each failed call
     usage: dict[str, ModelUsage] = field(default_factory=dict)
 
 
 _N_PROVIDERS = ("openai", "azure")  # LiteLLM providers that take n and return n choices in one response
 
 
-def honours_n(lm: Any) -> bool:
-    """Whether one request can ask ``lm`` for several completions (billing the prompt once)."""
+def honours_n(lm: Any, ignores_n: set[str] | None = None) -> bool:
+    """Whether one request can ask ``lm`` for several completions (billing the prompt once).
+
+    Args:
+        lm: The optimizer model.
+        ignores_n: Models this run has seen answer an ``n`` request with fewer choices.
+    """
     if not isinstance(lm, dspy.LM) or getattr(lm, "_engine_spec", None) != "litellm":
+        return False
+    if ignores_n and lm.model in ignores_n:
         return False
     provider = lm.model.split("/", 1)[0] if "/" in lm.model else "openai"
     return provider in _N_PROVIDERS
@@ -63,28 +76,27 @@ def _one_call(lm: dspy.LM, meta_prompt: str, *, n: int, temperature: float, max_
     capture = UsageCapture()
     error: str | None = None
     extra = {"n": n} if n > 1 else {}
-    for _attempt in range(2):
+    for attempt in range(1, 3):
         try:
             with capture.active():
                 outputs = lm(meta_prompt, temperature=temperature, max_tokens=max_tokens, rollout_id=rid, **extra)
+            if not outputs:
+                raise EmptyResponseError("the optimizer model answered with no choices")
             return outputs, None, capture.result()
         except Exception as exc:
             if classify_exception(exc) == "fatal":
-                raise FatalLMError(
-                    f"the optimizer model {lm.model!r} refused the request: {type(exc).__name__}: {exc}. "
-                    "Check its API key, billing and model name."
-                ) from exc
-            error = f"{type(exc).__name__}: {exc}"
-            logger.debug("Optimizer call (rollout %d) failed: %s", rid, error)
+                raise fatal_lm_error("optimizer", getattr(lm, "model", repr(lm)), exc) from exc
+            error = describe_exception(exc)
+            logger.warning("Optimizer call (rollout %d, try %d of 2) failed: %s", rid, attempt, error)
     return None, error, capture.result()
 
 
 def _reply_text(output: Any) -> str:
     if isinstance(output, str):
-        return output
+        return clean_text(output)
     if isinstance(output, dict):
-        return str(output.get("text") or "")
-    return str(output)
+        return clean_text(str(output.get("text") or ""))
+    return clean_text(str(output))
 
 
 def propose(
@@ -97,41 +109,67 @@ def propose(
     temperature: float,
     max_tokens: int,
     num_threads: int,
+    ignores_n: set[str] | None = None,
 ) -> Proposals:
-    """Ask for ``num_candidates`` completions of ``meta_prompt`` and collect the replies in sample order."""
+    """Ask for ``num_candidates`` completions of ``meta_prompt`` and collect the replies in sample order.
+
+    Args:
+        ignores_n: The run's set of models known to ignore ``n``; a model found doing so is added to it.
+    """
     from dspy.dsp.utils.settings import thread_local_overrides
 
     overrides = thread_local_overrides.get().copy()
-    # (n per call, number of calls): one call for all samples where the provider honours n.
-    per_call, calls = (num_candidates, 1) if num_candidates > 1 and honours_n(lm) else (1, num_candidates)
-    results: dict[int, tuple[list[str] | None, str | None, dict[str, ModelUsage]]] = {}
+    proposals = Proposals()
 
-    def call(sample: int) -> tuple[list[str] | None, str | None, dict[str, ModelUsage]]:
+    def call(sample: int, n: int) -> tuple[list[str] | None, str | None, dict[str, ModelUsage]]:
         token = thread_local_overrides.set(overrides)
         try:
-            return _one_call(lm, meta_prompt, n=per_call, temperature=temperature, max_tokens=max_tokens,
+            return _one_call(lm, meta_prompt, n=n, temperature=temperature, max_tokens=max_tokens,
                              rid=rollout_id(seed, step, sample))
         finally:
             thread_local_overrides.reset(token)
 
-    workers = max(1, min(num_threads, calls))
-    if workers == 1:
-        for sample in range(calls):
-            results[sample] = call(sample)
-    else:
-        with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="opro-propose") as pool:
-            futures = {pool.submit(call, sample): sample for sample in range(calls)}
-            for future in cf.as_completed(futures):
-                results[futures[future]] = future.result()
-    proposals = Proposals()
-    for sample in range(calls):
-        outputs, error, usage = results[sample]
-        for model, model_usage in usage.items():
-            proposals.usage.setdefault(model, ModelUsage()).add(model_usage)
-        if outputs is None:
-            proposals.failed_calls += 1
-            if error:
-                proposals.errors.append(error)
-            continue
-        proposals.replies.extend(_reply_text(output) for output in outputs[:per_call])
+    def collect(samples: list[int], n: int) -> list[list[str] | None]:
+        """Run one call per sample (in parallel), account for them, return their outputs in sample order."""
+        results: dict[int, tuple[list[str] | None, str | None, dict[str, ModelUsage]]] = {}
+        workers = max(1, min(num_threads, len(samples)))
+        if workers == 1:
+            for sample in samples:
+                results[sample] = call(sample, n)
+        else:
+            with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="opro-propose") as pool:
+                futures = {pool.submit(call, sample, n): sample for sample in samples}
+                for future in cf.as_completed(futures):
+                    results[futures[future]] = future.result()
+        outputs_in_order = []
+        for sample in samples:
+            outputs, error, usage = results[sample]
+            for model, model_usage in usage.items():
+                proposals.usage.setdefault(model, ModelUsage()).add(model_usage)
+            if outputs is None:
+                proposals.failed_calls += 1
+                if error:
+                    proposals.errors.append(error)
+            outputs_in_order.append(outputs)
+        return outputs_in_order
+
+    if num_candidates > 1 and honours_n(lm, ignores_n):
+        (outputs,) = collect([0], num_candidates)
+        if outputs is not None:
+            proposals.replies.extend(_reply_text(output) for output in outputs[:num_candidates])
+            if len(outputs) < num_candidates:
+                model = getattr(lm, "model", repr(lm))
+                if ignores_n is not None:
+                    ignores_n.add(model)
+                logger.warning("The optimizer model %r answered a request for %d choices with %d: it does not honour "
+                               "n. Asking for the other %d with single-choice requests, and from now on for all.",
+                               model, num_candidates, len(outputs), num_candidates - len(outputs))
+                missing = list(range(len(outputs), num_candidates))
+                for extra in collect(missing, 1):
+                    if extra is not None:
+                        proposals.replies.extend(_reply_text(output) for output in extra[:1])
+        return proposals
+    for outputs in collect(list(range(num_candidates)), 1):
+        if outputs is not None:
+            proposals.replies.extend(_reply_text(output) for output in outputs[:1])
     return proposals

@@ -48,6 +48,7 @@ REPLIES_FILE = "replies.json"
 
 CELL_CHARS = 200  # longer text is cut in table cells (the full text is in replies.json / the fenced blocks)
 TOP_INSTRUCTIONS = 5
+MAX_ERROR_ROWS = 50  # rows of the "Program errors" table in report.md; the rest are in state.json
 PLOT_INSTALL_HINT = "pip install dspy-opro[plot]"
 DASH = "—"
 
@@ -295,8 +296,31 @@ def render_step_report(state: RunState, step: int) -> str:
         lines += ["", "## Errors", ""]
         lines += [f"- {_inline(error)}" for error in record.errors]
 
+    lines += _program_errors_section(candidates)
+
     lines += ["", f"The meta-prompt is in `{META_PROMPT_FILE}`, the replies in full in `{REPLIES_FILE}`.", ""]
     return "\n".join(lines)
+
+
+def _program_errors_section(candidates: list[Candidate], limit: int = MAX_ERROR_ROWS) -> list[str]:
+    """A "Program errors" table: per candidate, how many evaluations raised, and each distinct error's first example."""
+    failing = [c for c in candidates if c.error_count]
+    if not failing:
+        return []
+    rows = []
+    for candidate in failing:
+        for record in candidate.errors:
+            where = f"{'training' if record.split == 'train' else 'validation'} {record.example}"
+            rows.append([str(candidate.id), str(candidate.error_count), str(record.count), where,
+                         _cell(record.error)])
+    shown = rows[:limit]
+    lines = ["", "## Program errors", "",
+             "Evaluations whose program raised (scored `failure_score`); the first example of each distinct error.", ""]
+    header = ["Candidate", "Evaluations that raised", "This error", "First example", "Error"]
+    lines.append(_table(header, shown, ["---:", "---:", "---:", "---", "---"]))
+    if len(rows) > limit:
+        lines += ["", f"{len(rows) - limit} more rows are in `state.json` (each candidate's `errors`)."]
+    return lines
 
 
 def _instruction_blocks(candidate: Candidate) -> list[str]:
@@ -324,6 +348,8 @@ def render_run_report(state: RunState) -> str:
     lines.append(f"- Status: {state.status}")
     if state.stop_reason:
         lines.append(f"- Stop reason: {_inline(state.stop_reason)}")
+    if state.status in ("failed", "interrupted"):
+        lines.append("- Resume: compile again with the same `log_dir`; nothing already scored runs again.")
     lines.append(f"- Predictors: {', '.join(_code(p) for p in state.predictors) or 'none'}")
     lines.append(f"- Training examples: {state.train_size}; validation examples: {state.val_size}")
     steps_done = sum(1 for s in state.steps if s.complete)
@@ -401,6 +427,8 @@ def render_run_report(state: RunState) -> str:
             )
         header = ["Candidate", "Step", "Predictor", "Training", "Validation", "Selected"]
         lines.append(_table(header, rows, ["---:", "---:", "---", "---", "---:", "---"]))
+
+    lines += _program_errors_section(state.candidates)
 
     lines += ["", "## Usage and cost", "", format_usage(state.usage)]
 

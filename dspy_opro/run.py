@@ -8,15 +8,25 @@ the optimizer, triage the replies, score the new instructions, and finally selec
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import dspy
 import tqdm
 
 from dspy_opro import selection
+from dspy_opro.errors import (
+    LogDirError,
+    ProgramError,
+    check_model_ready,
+    describe_exception,
+)
 from dspy_opro.exemplars import NO_REFERENCE_NOTE, draw_exemplar_indices, render_fields
 from dspy_opro.meta_prompt import gen_meta_prompt, instruction_md5
 from dspy_opro.programs import (
@@ -37,11 +47,14 @@ from dspy_opro.scoring import (
     MetricError,
     OPRORunError,
     describe_failure,
+    metric_takes_trace,
     token_prices,
 )
 from dspy_opro.selection import START_ID
 from dspy_opro.state import (
+    MAX_ERROR_KINDS,
     Candidate,
+    ErrorRecord,
     Fingerprint,
     ProgressJournal,
     Reply,
@@ -74,6 +87,30 @@ def _check_examples(name: str, examples: Sequence[Any]) -> list[dspy.Example]:
                 "dspy.Example(...).with_inputs('question', ...)"
             )
     return examples
+
+
+def _resolve_model(model: Any) -> dspy.BaseLM | None:
+    """A LiteLLM model string becomes ``dspy.LM(model, engine="litellm")``; an LM or None stays as it is."""
+    return dspy.LM(model, engine="litellm") if isinstance(model, str) else model
+
+
+def _check_log_dir(log_dir: str) -> None:
+    """Refuse a ``log_dir`` that is a file or where no file can be written, before any LM call."""
+    path = Path(log_dir)
+    if path.exists() and not path.is_dir():
+        raise LogDirError(f"log_dir {str(path)!r} is a file, not a folder. Pass the path of a folder (it is created "
+                          "if missing), or move the file away.")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=path)
+        try:
+            os.write(fd, b"\0" * 4096)  # a full disk refuses data, not always an empty file
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        raise LogDirError(f"log_dir {str(path)!r} cannot hold the run record: {exc.strerror or exc}. Choose a "
+                          "folder you can write to, on a disk with free space.") from exc
 
 
 def _resolve_prompt_model(prompt_model: Any) -> dspy.BaseLM:
@@ -130,10 +167,17 @@ class OPRORun:
                 f"max_metric_calls={config.max_metric_calls} cannot even score the program as given on the "
                 f"{len(self.trainset)} training examples; raise it or use a smaller trainset"
             )
-        self.task_lm = config.task_model or dspy.settings.lm
+        self.task_lm = _resolve_model(config.task_model) or dspy.settings.lm
         if self.task_lm is None:
             raise ValueError("no task model: pass task_model=... or dspy.configure(lm=...)")
         self.prompt_lm = _resolve_prompt_model(config.prompt_model)
+        self.judge_lm = _resolve_model(config.judge_model)
+        for role, lm in (("optimizer", self.prompt_lm), ("task", self.task_lm), ("judge", self.judge_lm)):
+            if lm is not None:
+                check_model_ready(lm, role)
+        if config.log_dir:
+            _check_log_dir(config.log_dir)
+        self.ignores_n: set[str] = set()  # optimizer models seen answering an n request with fewer choices
         self.num_threads = config.num_threads or dspy.settings.get("num_threads") or 1
 
         self.base = student.deepcopy()
@@ -146,6 +190,7 @@ class OPRORun:
         self.needs_answer = [any(not self._label_fields(i, name) for name in self.targets)
                              for i in range(len(self.trainset))]
         self.metric = config.metric if not config.label_free else self._make_preference_metric()
+        self.metric_takes_trace = metric_takes_trace(self.metric)
         self.state = self._load_or_create()
         if config.label_free:
             self._restore_anchors()
@@ -154,10 +199,12 @@ class OPRORun:
                              cost_so_far=lambda: self.state.usage.total_cost)
         self.journal = ProgressJournal(config.log_dir) if config.log_dir else None
         self._reopen_if_budget_allows()
+        self._reopen_after_failure()
         self._retry_lm_failures()
         self._remaining: dict[tuple[str, int], set[int]] = {}
         self._infra_errors: dict[tuple[str, int], list[str]] = {}
         self._progress: tqdm.tqdm | None = None
+        self._warned: set[tuple[str, int]] = set()
 
     # ------------------------------------------------------------------------------------------------------------
     # Set-up and resume
@@ -167,7 +214,7 @@ class OPRORun:
         return {**self.cfg.search_config(), "prompt_model": getattr(self.prompt_lm, "model", None),
                 "task_model": getattr(self.task_lm, "model", None), "targets": self.targets,
                 "metric": _callable_name(self.cfg.metric),
-                "judge_model": getattr(self.cfg.judge_model, "model", None)}
+                "judge_model": getattr(self.judge_lm, "model", None)}
 
     def _fingerprint(self) -> Fingerprint:
         return Fingerprint(config=digest(self._search_config()), trainset=dataset_fingerprint(self.trainset),
@@ -216,6 +263,13 @@ class OPRORun:
             if candidate.status == "unscored" and (candidate.reason or "").startswith("cut short"):
                 candidate.status, candidate.reason = "pending", None
 
+    def _reopen_after_failure(self) -> None:
+        """A run that an exception or Ctrl-C ended continues where it was."""
+        state = self.state
+        if state.status in ("failed", "interrupted") and state.selection is None:
+            logger.info("The saved run was %s (%s); it continues", state.status, state.stop_reason)
+            state.status, state.stop_reason = "running", None
+
     def _retry_lm_failures(self) -> None:
         """On resuming an unfinished run, candidates left unscored by LM failures (an outage) are tried again."""
         if self.state.selection is not None:
@@ -252,12 +306,9 @@ class OPRORun:
             self._select()
             self._save(final=True)
             return self._result()
-        except BaseException:
+        except BaseException as exc:
             # Ctrl-C, a fatal LM error or a broken metric: keep what was paid for before the error propagates.
-            try:
-                self._save()
-            except Exception as exc:  # never hide the original error behind a failed save
-                logger.error("Could not save the run record: %s", exc)
+            self._record_end(exc)
             raise
         finally:
             self.evaluator.close()
@@ -265,6 +316,31 @@ class OPRORun:
                 self.journal.close()
             if self._progress is not None:
                 self._progress.close()
+
+    def _record_end(self, exc: BaseException) -> None:
+        """Mark the record ``interrupted`` or ``failed``, save it with ``report.md``, and say how to resume."""
+        state = self.state
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        state.status = "interrupted" if interrupted else "failed"
+        state.stop_reason = "interrupted by the user (KeyboardInterrupt)" if interrupted else describe_exception(exc)
+        reason = state.stop_reason.rstrip(".")
+        saved = False
+        if self.cfg.log_dir:
+            try:
+                self._save(final=True)
+                saved = True
+            except Exception as save_exc:  # never hide the original error behind a failed save
+                logger.error("Could not save the run record: %s", save_exc)
+        if saved:
+            logger.error("OPRO run %s: %s. The run record is in %s (report.md shows it); compile again with the same "
+                         "log_dir to resume.", state.status, reason, os.path.abspath(self.cfg.log_dir))
+        elif self.cfg.log_dir:
+            logger.error("OPRO run %s: %s. The run record in %s holds what was saved before; compile again with the "
+                         "same log_dir to resume from there.", state.status, reason,
+                         os.path.abspath(self.cfg.log_dir))
+        else:
+            logger.error("OPRO run %s: %s. No log_dir was set, so nothing was saved; pass log_dir=... to be able "
+                         "to resume.", state.status, reason)
 
     def _announce(self) -> None:
         cfg, n_train = self.cfg, len(self.trainset)
@@ -275,7 +351,7 @@ class OPRORun:
             planned += 2 * len(self.valset)
         if cfg.max_metric_calls is not None:
             planned = min(planned, cfg.max_metric_calls)
-        requests = cfg.num_steps * (1 if honours_n(self.prompt_lm) else cfg.num_candidates)
+        requests = cfg.num_steps * (1 if honours_n(self.prompt_lm, self.ignores_n) else cfg.num_candidates)
         logger.info(
             "OPRO: %d steps x %d candidates over %d training examples, predictors %s; at most %d evaluations planned "
             "(%d optimizer requests)", cfg.num_steps, cfg.num_candidates, n_train, self.targets, planned, requests)
@@ -303,13 +379,31 @@ class OPRORun:
         self.state.stop_reason = reason
 
     def _score_start(self) -> None:
+        """Score the program as given on every training example, or stop: every meta-prompt shows its instruction."""
         start = self.state.candidates[START_ID]
-        if start.status != "pending":
-            return
-        logger.info("Step -1: scoring the program as given on %d training examples", len(self.trainset))
-        self._score([start], "train")
-        if start.status == "scored":
-            logger.info("Step -1: training score %.1f", 100 * start.score)
+        if start.status == "pending":
+            logger.info("Step -1: scoring the program as given on %d training examples", len(self.trainset))
+            self._score([start], "train")
+            if start.status == "unscored" and (start.reason or "").startswith(LM_FAILURES):
+                logger.warning("Step -1: the program as given is unscored (%s); trying those examples once more",
+                               start.reason)
+                start.status, start.reason = "pending", None
+                self._score([start], "train")
+        if start.status != "scored":
+            raise OPRORunError(
+                f"the program as given could not be scored on every training example ({start.reason}), and every "
+                "meta-prompt must show its instruction with its score. Fix the cause (the task model's provider, "
+                "the budget) and compile again with the same log_dir to resume."
+            )
+        n_train = len(self.trainset)
+        if len(start.failed) == n_train and start.errors:
+            first = start.errors[0]
+            raise ProgramError(
+                f"the program as given raised on all {n_train} training examples; first, on example {first.example}: "
+                f"{first.error}. No instruction can do better than a program that cannot run: fix the program "
+                "(call it on one training example to see the traceback) and compile again."
+            )
+        logger.info("Step -1: training score %.1f", 100 * start.score)
 
     def _run_step(self, step: int) -> None:
         state, cfg = self.state, self.cfg
@@ -327,7 +421,7 @@ class OPRORun:
             logger.info("Step %d: optimizing %r with exemplars %s", step, predictor, exemplar_indices)
             proposals = propose(self.prompt_lm, meta_prompt, num_candidates=cfg.num_candidates, step=step,
                                 seed=cfg.seed, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
-                                num_threads=self.num_threads)
+                                num_threads=self.num_threads, ignores_n=self.ignores_n)
             state.usage.record("optimizer", proposals.usage)
             record = Step(step=step, predictor=predictor, exemplar_indices=exemplar_indices, meta_prompt=meta_prompt,
                           temperature=cfg.temperature, failed_calls=proposals.failed_calls, errors=proposals.errors)
@@ -374,9 +468,11 @@ class OPRORun:
 
     def _draw_exemplars(self, step: int) -> list[int]:
         cfg = self.cfg
+        predictor = self.targets[step % len(self.targets)]
         best = self.state.best()
-        failed = set(best.failed) if best is not None else set()
-        eligible = [i for i in range(len(self.trainset)) if i not in failed]
+        # The authors draw from every training example; only one with neither a usable label nor a usable answer
+        # (the best program's output the metric accepted, or the metric's feedback) has nothing to show.
+        eligible = [i for i in range(len(self.trainset)) if self._has_answer(i, predictor, best)]
         k = min(cfg.num_exemplars, len(eligible))
         if cfg.exemplar_selection != "hard_diverse":
             return draw_exemplar_indices(eligible, k, step, seed=cfg.seed, criteria=cfg.exemplar_selection)
@@ -393,6 +489,12 @@ class OPRORun:
             self.question_features = QuestionFeatures.build([self._question(i) for i in range(len(self.trainset))])
         selection = self.question_features.select(difficulties, k, subset=eligible, theta=cfg.diversity_theta)
         return sorted(eligible[j] for j in selection.indices)
+
+    def _has_answer(self, index: int, predictor: str, best: Candidate | None) -> bool:
+        if self._label_fields(index, predictor):
+            return True
+        answer = best.answers.get(index) if best is not None else None
+        return bool(answer) and answer != NO_REFERENCE_NOTE
 
     def _question(self, index: int) -> str:
         return render_fields(dict(self.trainset[index].inputs().items()))
@@ -471,7 +573,8 @@ class OPRORun:
                         failure_score=self.cfg.failure_score, settings=self.settings, split=split,
                         answer_fields=(self.label_keys[i] if not self.cfg.label_free else [])
                         if split == "train" and self.needs_answer[i] else None,
-                        keep_trace=self.cfg.label_free)
+                        keep_trace=self.cfg.label_free, metric_takes_trace=self.metric_takes_trace,
+                        judge_failures=self.cfg.label_free)
 
         stop_reason = self.evaluator.run(jobs(), self.budget, self._on_result)
         if stop_reason is not None:
@@ -495,17 +598,19 @@ class OPRORun:
             self._progress.update(1)
         example = self._examples(split)[result.index]
         if result.outcome == "fatal":
-            raise FatalLMError(f"the task model failed in a way retrying cannot fix on "
-                               f"{describe_failure(result, example)}. Check its API key, billing and model name.")
+            role, model = self._failing_model(result)
+            raise FatalLMError(f"the {role} {model!r} failed in a way no retry can fix on "
+                               f"{describe_failure(result, example)}. Check its API key (or environment variable), "
+                               "permissions, billing and model name.")
         if result.outcome == "metric_error":
             raise MetricError(f"the metric failed on {describe_failure(result, example)}. Fix the metric: it must "
                               "return a float in [0, 1], a bool, or dspy.Prediction(score=..., feedback=...).")
-        if self.cfg.label_free and candidate.id == START_ID:
-            self._store_anchor(split, result)
+        if self.cfg.label_free and candidate.id == START_ID and result.outcome != "infra":
+            self._store_anchor(split, result)  # an outage is no trajectory: the start is scored again instead
         if self.journal is not None:
             entry = {"c": result.candidate_id, "i": result.index, "o": result.outcome, "s": result.score,
                      "e": result.error, "a": result.answer, "split": split}
-            if self.cfg.label_free and candidate.id == START_ID:
+            if self.cfg.label_free and candidate.id == START_ID and result.outcome != "infra":
                 entry["t"] = state.anchors[f"{split}:{result.index}"]
             self.journal.append(entry)
         self._store(state, candidate, result, split)
@@ -518,8 +623,19 @@ class OPRORun:
             self._finish(candidate, split)
             self._save()
 
+    def _failing_model(self, result: ExampleResult) -> tuple[str, str]:
+        """Which model a fatal error came from: the task model, the label-free judge, or the metric's own LM."""
+        if result.stage == "program":
+            return "task model", getattr(self.task_lm, "model", repr(self.task_lm))
+        if self.cfg.label_free:
+            judge = self.judge_lm or self.task_lm
+            return "judge model", getattr(judge, "model", repr(judge))
+        return "model inside the metric", result.model or "unknown"
+
     @staticmethod
     def _store(state: RunState, candidate: Candidate, result: ExampleResult, split: str) -> None:
+        if result.outcome == "failed":
+            _record_error(candidate, result, split)
         if split == "val":
             candidate.val_scores[result.index] = result.score
             return
@@ -530,6 +646,7 @@ class OPRORun:
             candidate.answers[result.index] = result.answer
 
     def _finish(self, candidate: Candidate, split: str) -> None:
+        self._warn_program_errors(candidate, split)
         errors = self._infra_errors.pop((split, candidate.id), [])
         scores = candidate.scores if split == "train" else candidate.val_scores
         complete = all(value is not None for value in scores)
@@ -546,22 +663,34 @@ class OPRORun:
         candidate.score = _mean(scores)
         candidate.failed.sort()
 
+    def _warn_program_errors(self, candidate: Candidate, split: str) -> None:
+        """One WARNING per candidate and split whose program raised: how often, and the first error."""
+        errors = [e for e in candidate.errors if e.split == split]
+        if not errors or (split, candidate.id) in self._warned:
+            return
+        self._warned.add((split, candidate.id))
+        count = sum(e.count for e in errors)
+        first = errors[0]
+        logger.warning("Candidate %d: the program raised on %d %s evaluations (%d distinct errors); first, on "
+                       "example %d: %s", candidate.id, count, "training" if split == "train" else "validation",
+                       len(errors), first.example, first.error)
+
     # ------------------------------------------------------------------------------------------------------------
     # Label-free scoring
 
     def _make_preference_metric(self) -> Any:
         from dspy_opro.labelfree import AnchorPreferenceMetric
 
-        return AnchorPreferenceMetric(judge_lm=self.cfg.judge_model, both_orders=self.cfg.both_orders)
+        return AnchorPreferenceMetric(judge_lm=self.judge_lm, both_orders=self.cfg.both_orders)
 
     def _store_anchor(self, split: str, result: ExampleResult) -> None:
         from dspy_opro.labelfree import anchor_text
 
         self.state.anchors[f"{split}:{result.index}"] = anchor_text(result)
         self._restore_anchors()
-        # The anchor against itself is "comparable": preference 0, score 0.5.
+        # The anchor against itself is "comparable": preference 0, score 0.5. A run the program failed keeps its
+        # outcome, so the error is recorded on the start.
         result.score = 0.5
-        result.outcome = "ok"
 
     def _restore_anchors(self) -> None:
         from dspy_opro.labelfree import example_key
@@ -624,7 +753,15 @@ class OPRORun:
     def _save(self, *, final: bool = False) -> None:
         if not self.cfg.log_dir:
             return
-        save_state(self.state, self.cfg.log_dir)
+        try:
+            save_state(self.state, self.cfg.log_dir)
+        except OSError as exc:  # the previous state.json is intact: the write goes to a temporary file first
+            full = exc.errno == errno.ENOSPC
+            raise LogDirError(
+                f"cannot write the run record to {self.cfg.log_dir!r}: {exc.strerror or exc}. What was saved before "
+                f"is kept; {'free disk space' if full else 'fix the folder'} and compile again with the same log_dir "
+                "to resume."
+            ) from exc
         if self.journal is not None:
             self.journal.clear()
         if final:
@@ -644,6 +781,20 @@ class OPRORun:
             write_step_files(self.state, step, self.cfg.log_dir)
         except Exception as exc:
             logger.warning("Could not write the report of step %d: %s", step, exc)
+
+
+def _record_error(candidate: Candidate, result: ExampleResult, split: str) -> None:
+    """Count one program error on a candidate, keeping the first occurrence of each distinct error."""
+    candidate.error_count += 1
+    message = result.error or "unknown error"
+    for record in candidate.errors:
+        if record.error == message and record.split == split:
+            record.count += 1
+            if result.index < record.example:
+                record.example = result.index
+            return
+    if len(candidate.errors) < MAX_ERROR_KINDS:
+        candidate.errors.append(ErrorRecord(error=message, example=result.index, split=split))
 
 
 __all__ = ["OPRORun"]

@@ -22,6 +22,7 @@ thread, which records and persists it.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import inspect
 import logging
 import math
 import threading
@@ -32,19 +33,17 @@ from typing import Any, Literal
 import dspy
 from dspy.dsp.utils.settings import thread_local_overrides
 from dspy.utils.callback import BaseCallback
-from dspy.utils.exceptions import (
-    ContextWindowExceededError,
-    LMAuthError,
-    LMBillingError,
-    LMConfigurationError,
-    LMProviderError,
-    LMUnexpectedError,
-    LMUnsupportedFeatureError,
-    LMUnsupportedModelError,
-    is_retryable_lm_error,
-)
 from dspy.utils.usage_tracker import UsageTracker
 
+from dspy_opro.errors import (  # noqa: F401 - the error types' old home; kept importable from here
+    EmptyResponseError,
+    FatalLMError,
+    MetricError,
+    OPRORunError,
+    classify_exception,
+    clean_text,
+    describe_exception,
+)
 from dspy_opro.exemplars import NO_REFERENCE_NOTE, render_fields
 from dspy_opro.state import ModelUsage
 
@@ -52,38 +51,28 @@ logger = logging.getLogger(__name__)
 
 Outcome = Literal["ok", "failed", "infra", "fatal", "metric_error"]
 
-_FATAL_LM_ERRORS = (
-    LMAuthError, LMBillingError, LMConfigurationError, LMUnsupportedFeatureError, LMUnsupportedModelError,
-)
 
+def metric_takes_trace(metric: Callable[..., Any]) -> bool:
+    """Whether ``metric`` accepts ``(example, prediction, trace)``; else it must accept ``(example, prediction)``.
 
-class OPRORunError(RuntimeError):
-    """An error that stops an OPRO run (state is saved first when a ``log_dir`` is set)."""
-
-
-class MetricError(OPRORunError, ValueError):
-    """The metric raised, or returned something that is not a score in [0, 1]."""
-
-
-class FatalLMError(OPRORunError):
-    """Authentication, billing or configuration failure of a model: retrying cannot help."""
-
-
-def classify_exception(exc: BaseException) -> Literal["infra", "fatal", "failed"]:
-    """Sort a program exception into OPRO's failure classes."""
-    if isinstance(exc, _FATAL_LM_ERRORS):
-        return "fatal"
-    if isinstance(exc, ContextWindowExceededError):
-        return "failed"  # this example is too long for the model; others may not be
-    if is_retryable_lm_error(exc) or isinstance(exc, (LMUnexpectedError, EmptyResponseError)):
-        return "infra"
-    if type(exc) is LMProviderError:  # an unclassified provider answer, e.g. a malformed body: transient
-        return "infra"
-    return "failed"
-
-
-class EmptyResponseError(RuntimeError):
-    """The model answered with no choices at all (the program's prediction has no fields)."""
+    Raises:
+        TypeError: The metric cannot be called with an example and a prediction.
+    """
+    try:
+        signature = inspect.signature(metric)
+    except (TypeError, ValueError):  # a builtin or extension callable without a signature: call it as DSPy does
+        return True
+    for arguments in (("example", "prediction", None), ("example", "prediction")):
+        try:
+            signature.bind(*arguments)
+        except TypeError:
+            continue
+        return len(arguments) == 3
+    name = getattr(metric, "__qualname__", type(metric).__name__)
+    raise TypeError(
+        f"the metric {name}{signature} cannot be called as metric(example, prediction) or "
+        "metric(example, prediction, trace); give it the parameters (example, prediction, trace=None)"
+    )
 
 
 def coerce_score(value: Any) -> float:
@@ -234,6 +223,8 @@ class ExampleJob:
     split: str = "train"
     answer_fields: list[str] | None = None  # set when the example needs an exemplar answer: the label keys
     keep_trace: bool = False  # record the DSPy trace: handed to the metric, and returned when there is no metric
+    metric_takes_trace: bool = True  # call metric(example, prediction, trace); else metric(example, prediction)
+    judge_failures: bool = False  # label-free: a run the program failed goes to the metric (the judge) as well
 
 
 @dataclass
@@ -248,17 +239,25 @@ class ExampleResult:
     split: str = "train"
     prediction: Any = None
     trace: list[Any] | None = None
+    stage: Literal["program", "metric"] = "program"  # where the error (if any) was raised
+    model: str | None = None  # the model a fatal or infra error names, when the error says
 
 
 def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    return describe_exception(exc)
 
 
 def run_example(job: ExampleJob, *, transport_retries: int = 1) -> ExampleResult:
-    """Run the program on one example and score it; never raises (the outcome says what happened)."""
+    """Run the program on one example and score it; never raises (the outcome says what happened).
+
+    The program's exceptions are classified by :func:`dspy_opro.errors.classify_exception`. So are the metric's: an
+    LM error inside the metric (an LLM judge) is retried once when transient and stops the run when fatal, like the
+    program's; any other exception of the metric is a ``metric_error``.
+    """
     capture = UsageCapture()
     prediction: Any = None
     trace: list[Any] = []
+    program_error: str | None = None
     attempts = 0
     while True:
         attempts += 1
@@ -274,27 +273,44 @@ def run_example(job: ExampleJob, *, transport_retries: int = 1) -> ExampleResult
             if kind == "infra" and attempts <= transport_retries:
                 logger.debug("Retrying example %d after %s", job.index, _describe(exc))
                 continue
-            outcome: Outcome = "fatal" if kind == "fatal" else kind
+            if kind == "failed" and job.judge_failures and job.metric is not None:
+                # The judge compares the failure with the anchor, as it would any other trajectory.
+                prediction, program_error = exc, _describe(exc)
+                break
             score = job.failure_score if kind == "failed" else None
             answer = NO_REFERENCE_NOTE if job.answer_fields is not None else None
-            return ExampleResult(job.candidate_id, job.index, outcome, score=score, error=_describe(exc),
+            return ExampleResult(job.candidate_id, job.index, kind, score=score, error=_describe(exc),
                                  answer=answer, usage=capture.result(), split=job.split,
-                                 trace=trace if job.keep_trace and job.metric is None else None)
+                                 trace=trace if job.keep_trace and job.metric is None else None,
+                                 model=getattr(exc, "model", None))
     if job.metric is None:
         return ExampleResult(job.candidate_id, job.index, "ok", usage=capture.result(), split=job.split,
                              prediction=prediction, trace=trace if job.keep_trace else None)
-    try:
-        with capture.active(**job.settings):
-            value = job.metric(job.example, prediction, trace if job.keep_trace else None)
-        score = coerce_score(value)
-    except Exception as exc:
-        return ExampleResult(job.candidate_id, job.index, "metric_error", error=_describe(exc), usage=capture.result(),
-                             split=job.split)
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            with capture.active(**job.settings):
+                if job.metric_takes_trace:
+                    value = job.metric(job.example, prediction, trace if job.keep_trace else None)
+                else:
+                    value = job.metric(job.example, prediction)
+            score = coerce_score(value)
+            break
+        except Exception as exc:
+            kind = classify_exception(exc)
+            if kind == "infra" and attempts <= transport_retries:
+                logger.debug("Retrying the metric on example %d after %s", job.index, _describe(exc))
+                continue
+            outcome: Outcome = kind if kind in ("infra", "fatal") else "metric_error"
+            return ExampleResult(job.candidate_id, job.index, outcome, error=_describe(exc), usage=capture.result(),
+                                 split=job.split, stage="metric", model=getattr(exc, "model", None))
     answer = None
     if job.answer_fields is not None:
-        answer = exemplar_answer(prediction, score, metric_feedback(value), job.answer_fields)
-    return ExampleResult(job.candidate_id, job.index, "ok", score=score, answer=answer, usage=capture.result(),
-                         split=job.split)
+        shown = None if program_error else prediction
+        answer = clean_text(exemplar_answer(shown, score, metric_feedback(value), job.answer_fields))
+    return ExampleResult(job.candidate_id, job.index, "failed" if program_error else "ok", score=score,
+                         error=program_error, answer=answer, usage=capture.result(), split=job.split)
 
 
 def _run_in_context(overrides: dict[str, Any], job: ExampleJob) -> ExampleResult:
@@ -431,6 +447,7 @@ __all__ = [
     "describe_failure",
     "exemplar_answer",
     "metric_feedback",
+    "metric_takes_trace",
     "run_example",
     "token_prices",
 ]

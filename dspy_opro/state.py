@@ -84,6 +84,18 @@ class UsageRecord(BaseModel):
         return self.optimizer.cost + self.task.cost
 
 
+class ErrorRecord(BaseModel):
+    """One distinct exception the program raised while a candidate was evaluated (infrastructure failures aside)."""
+
+    error: str  # "Type: message" of its first occurrence
+    example: int  # the first example it was raised on
+    split: Literal["train", "val"] = "train"
+    count: int = 1  # evaluations that raised exactly this
+
+
+MAX_ERROR_KINDS = 20  # distinct errors kept per candidate; further ones only count in error_count
+
+
 class Candidate(BaseModel):
     """One program configuration that was (or was to be) scored on the training set."""
 
@@ -98,6 +110,8 @@ class Candidate(BaseModel):
     scores: list[float | None] = Field(default_factory=list)  # per training example; None: not run
     failed: list[int] = Field(default_factory=list)  # training indices whose run raised (scored failure_score)
     answers: dict[int, str] = Field(default_factory=dict)  # exemplar answers for examples without usable labels
+    error_count: int = 0  # evaluations whose program raised (not counting infrastructure failures)
+    errors: list[ErrorRecord] = Field(default_factory=list)  # the first occurrence of each distinct error
     score: float | None = None  # training mean, set when scored
     val_scores: list[float | None] | None = None
     val_score: float | None = None
@@ -160,7 +174,9 @@ class RunState(BaseModel):
     steps: list[Step] = Field(default_factory=list)
     usage: UsageRecord = Field(default_factory=UsageRecord)
     metric_calls: int = 0
-    status: Literal["running", "finished", "stopped"] = "running"
+    # "stopped": a budget or the optimizer's silence ended it; "failed": an exception did (stop_reason says which);
+    # "interrupted": Ctrl-C. Compiling again with the same log_dir resumes all three.
+    status: Literal["running", "finished", "stopped", "interrupted", "failed"] = "running"
     stop_reason: str | None = None
     start_val_score: float | None = None
     anchors: dict[str, str] = Field(default_factory=dict)  # label-free OPRO: "split:index" -> anchor trajectory

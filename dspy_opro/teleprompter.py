@@ -36,6 +36,7 @@ from dspy.teleprompt.teleprompt import Teleprompter
 
 from dspy_opro.meta_prompt import validate_meta_prompt_options
 from dspy_opro.placement import check_instruction_pos
+from dspy_opro.scoring import metric_takes_trace
 
 logger = logging.getLogger(__name__)
 
@@ -60,14 +61,17 @@ class OPROTeleprompter(Teleprompter):
     """Optimize the instructions of a DSPy program's predictors with OPRO.
 
     Args:
-        metric: ``metric(example, prediction, trace=None)`` returning a float in [0, 1], a bool, or a
-            ``dspy.Prediction(score=..., feedback=...)``. ``None`` selects label-free OPRO, which needs
+        metric: ``metric(example, prediction, trace=None)`` or ``metric(example, prediction)`` (as for
+            ``dspy.Evaluate``; ``trace`` is passed only where the metric takes it) returning a float in [0, 1], a
+            bool, or a ``dspy.Prediction(score=..., feedback=...)``. ``None`` selects label-free OPRO, which needs
             ``judge_model``.
 
         prompt_model: The optimizer model: a ``dspy.LM`` or a LiteLLM model string (which becomes
             ``dspy.LM(model, engine="litellm")``). ``None``: ``dspy.settings.lm``.
-        task_model: The ``dspy.LM`` that runs the program while scoring. ``None``: ``dspy.settings.lm``.
-        judge_model: Label-free OPRO only (``metric=None``): the ``dspy.LM`` that compares a candidate's
+        task_model: The model that runs the program while scoring: a ``dspy.LM`` or a LiteLLM model string.
+            ``None``: ``dspy.settings.lm``.
+        judge_model: Label-free OPRO only (``metric=None``): the model (``dspy.LM`` or LiteLLM model string)
+            that compares a candidate's
             trajectories with the starting program's. Pass the task model to let it judge itself.
 
         num_steps: Optimization steps; each sends the meta-prompt ``num_candidates`` times.
@@ -124,8 +128,8 @@ class OPROTeleprompter(Teleprompter):
         *,
         # models
         prompt_model: dspy.BaseLM | str | None = None,
-        task_model: dspy.BaseLM | None = None,
-        judge_model: dspy.BaseLM | None = None,
+        task_model: dspy.BaseLM | str | None = None,
+        judge_model: dspy.BaseLM | str | None = None,
         # search
         num_steps: int = 10,
         num_candidates: int = 8,
@@ -173,18 +177,17 @@ class OPROTeleprompter(Teleprompter):
             )
         if metric is not None and not callable(metric):
             raise TypeError(f"metric must be callable as metric(example, prediction, trace=None); got {metric!r}")
+        if metric is not None:
+            metric_takes_trace(metric)  # refuses a metric that cannot take (example, prediction)
         if metric is not None and judge_model is not None:
             raise ValueError("judge_model is for label-free OPRO (metric=None); drop it or drop the metric")
-        if prompt_model is not None and not isinstance(prompt_model, (dspy.BaseLM, str)):
-            raise TypeError(
-                "prompt_model must be a dspy.LM or a LiteLLM model string such as 'openai/gpt-4o'; "
-                f"got {prompt_model!r}"
-            )
-        if isinstance(prompt_model, str) and not prompt_model.strip():
-            raise ValueError("prompt_model is an empty string; pass a LiteLLM model string such as 'openai/gpt-4o'")
-        for name, lm in (("task_model", task_model), ("judge_model", judge_model)):
-            if lm is not None and not isinstance(lm, dspy.BaseLM):
-                raise TypeError(f"{name} must be a dspy.LM; got {lm!r}")
+        for name, lm in (("prompt_model", prompt_model), ("task_model", task_model), ("judge_model", judge_model)):
+            if lm is not None and not isinstance(lm, (dspy.BaseLM, str)):
+                raise TypeError(
+                    f"{name} must be a dspy.LM or a LiteLLM model string such as 'openai/gpt-4o'; got {lm!r}"
+                )
+            if isinstance(lm, str) and not lm.strip():
+                raise ValueError(f"{name} is an empty string; pass a LiteLLM model string such as 'openai/gpt-4o'")
         _check_int("num_steps", num_steps, minimum=0)
         _check_int("num_candidates", num_candidates, minimum=1)
         _check_int("num_exemplars", num_exemplars, minimum=0)

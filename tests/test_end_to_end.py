@@ -357,7 +357,7 @@ def test_an_optimizer_that_never_answers_stops_the_run_after_three_empty_steps(e
 
     saved = load_state(tmp_path)
     assert saved is not None and (tmp_path / STATE_FILE).is_file()
-    assert saved.status == "stopped" and "3 steps in a row" in saved.stop_reason
+    assert saved.status == "failed" and "3 steps in a row" in saved.stop_reason
     assert [(s.step, s.failed_calls, s.replies) for s in saved.steps] == [(0, 1, []), (1, 1, []), (2, 1, [])]
     assert [c.status for c in saved.candidates] == ["scored"]
     assert saved.usage.task.calls == len(train)
@@ -448,7 +448,8 @@ def test_resume_after_a_fatal_error_repeats_nothing_and_matches_an_uninterrupted
             optimize(endpoint, train, metric=revoking_metric, log_dir=tmp_path, **options)
         first = endpoint.requests
         saved = load_state(tmp_path)
-        assert saved.status == "running" and saved.selection is None and len(saved.steps) == 1
+        assert saved.status == "failed" and "LMAuthError" in saved.stop_reason
+        assert saved.selection is None and len(saved.steps) == 1
         # The refused evaluation counts as one (the budget counts every evaluation run) but left no score.
         assert saved.metric_calls == 10 and saved.candidates[1].status == "pending"
         assert sum(s is not None for c in saved.candidates for s in c.scores) == 9

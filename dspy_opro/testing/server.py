@@ -35,8 +35,19 @@ from dspy_opro.testing.simulated import _unit, simulated_reply
 
 __all__ = ["FAULT_KINDS", "FaultConfig", "RequestRecord", "SimulatedEndpoint", "main"]
 
-FAULT_KINDS = ("rate_limit", "server_error", "malformed", "empty_choices", "hang")
+FAULT_KINDS = ("rate_limit", "server_error", "malformed", "empty_choices", "hang", "auth_error", "permission_denied",
+               "model_not_found", "one_choice", "odd_text", "invalid_utf8")
+# Refusals no retry can fix, with OpenAI's status and error body: (status, message, type, code).
+_REFUSALS = {
+    "auth_error": (401, "Incorrect API key provided. You can find your API key at "
+                   "https://platform.openai.com/account/api-keys.", "invalid_request_error", "invalid_api_key"),
+    "permission_denied": (403, "You are not allowed to use this model (simulated).", "invalid_request_error",
+                          "model_not_allowed"),
+    "model_not_found": (404, "The model does not exist or you do not have access to it (simulated).",
+                        "invalid_request_error", "model_not_found"),
+}
 _MODEL_ID = "sim-model"
+_ODD_BYTES_MARK = "@@not-utf8@@"
 
 
 @dataclass
@@ -63,7 +74,11 @@ class FaultConfig:
         first_n: Apply the random faults only to requests with index < first_n.
         fail_requests: Request indices (0-based, counted since the start or the last ``reset_log()``) that get
             ``fail_kind``.
-        fail_kind: One of ``rate_limit``, ``server_error``, ``malformed``, ``empty_choices``, ``hang``.
+        fail_kind: One of ``rate_limit``, ``server_error``, ``malformed``, ``empty_choices``, ``hang``, or (only
+            through ``fail_requests``) ``auth_error`` (401), ``permission_denied`` (403), ``model_not_found`` (404)
+            and ``one_choice`` (a 200 answer with a single choice whatever ``n`` asked for, as providers that
+            ignore ``n`` do), ``odd_text`` (each choice ends in an escaped lone surrogate and a NUL) and
+            ``invalid_utf8`` (each choice ends in two raw bytes that are not UTF-8).
     """
 
     rate_limit: float = 0.0
@@ -470,6 +485,10 @@ class SimulatedEndpoint:
             send(401, _error_body(message, "invalid_request_error", "invalid_api_key"))
             return
         fault = record.fault = faults.choose(record.index, kind, self.seed)
+        if fault in _REFUSALS:
+            status, message, type_, code = _REFUSALS[fault]
+            send(status, _error_body(message, type_, code))
+            return
         self._wait(self._latency_for(record.index))
         if fault == "rate_limit":
             retry_after = float(faults.retry_after)
@@ -490,6 +509,8 @@ class SimulatedEndpoint:
             send(200, f'{{"id": "{response_id}", "object": "chat.completion", "choices": [{{"index": 0, "mess'.encode())
             return
         contents = [] if fault == "empty_choices" else self._contents(request, messages, n, first)
+        if fault == "one_choice":
+            contents = contents[:1]
         record.completion_tokens = sum(count_tokens(content) for content in contents)
         usage = {
             "prompt_tokens": record.prompt_tokens,
@@ -501,6 +522,10 @@ class SimulatedEndpoint:
             stream = self._stream_body(response_id, created, model, contents, usage, request)
             send(200, stream, content_type="text/event-stream", headers=[("Cache-Control", "no-cache")])
             return
+        if fault == "odd_text":
+            contents = [f"{content} \ud800 \x00" for content in contents]
+        if fault == "invalid_utf8":
+            contents = [f"{content} {_ODD_BYTES_MARK}" for content in contents]
         payload = {
             "id": response_id,
             "object": "chat.completion",
@@ -517,6 +542,10 @@ class SimulatedEndpoint:
             ],
             "usage": usage,
         }
+        if fault in ("odd_text", "invalid_utf8"):  # ASCII JSON escapes the surrogate and the NUL
+            raw = json.dumps(payload).encode("ascii").replace(_ODD_BYTES_MARK.encode(), b"\xff\xfe")
+            send(200, raw)
+            return
         send(200, json.dumps(payload, ensure_ascii=False).encode("utf-8"))
 
     def _contents(self, request: dict, messages: list, n: int, first: str) -> list[str]:
