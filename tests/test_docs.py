@@ -33,6 +33,7 @@ ALLOWED_COMMANDS = {
     "python -m pytest": ".ci/run",
     "python examples/quickstart.py": "tests/test_quickstart.py",
     "python -m dspy_opro report LOG_DIR": "tests/test_report.py",
+    "dspy-opro --version": "tests/test_version.py",
 }
 # Files other than docs/snippets/*.py that Python blocks may include, and the test that runs each.
 EXECUTED_ELSEWHERE = {
