@@ -122,6 +122,12 @@ def test_mkdocs_build_strict(built_site):
     for anchor in ("dspy_opro.OPROTeleprompter", "dspy_opro.OPROTeleprompter.compile", "dspy_opro.state.RunState"):
         assert f'id="{anchor}"' in api
     assert "num_candidates" in api  # the constructor's documented parameters are rendered
+    # compile's return is documented once, with every candidate_programs key.
+    compile_doc = api[api.index('id="dspy_opro.OPROTeleprompter.compile"'):api.index('id="what-compile-returns"')]
+    assert "RETURNS" not in compile_doc
+    returns = api[api.index('id="what-compile-returns"'):api.index('id="the-run-record"')]
+    for key in ("score", "program", "instructions", "step", "val_score"):
+        assert f"<td><code>{key}</code></td>" in returns, key
 
 
 class _LoadedResources(html.parser.HTMLParser):
