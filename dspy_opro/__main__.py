@@ -1,10 +1,11 @@
 """Command line of dspy-opro.
 
     python -m dspy_opro report LOG_DIR [--no-plot]
+    python -m dspy_opro --version
 
 ``report`` rebuilds ``LOG_DIR/report.md`` and, with matplotlib installed, ``LOG_DIR/trajectory.png`` from
 ``LOG_DIR/state.json`` (a finished, stopped or still running OPRO run) and prints the paths written. A missing
-or unreadable state file is reported on stderr with exit status 2.
+or unreadable state file is reported on stderr with exit status 2. ``--version`` prints the package version.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from dspy_opro import __version__
 from dspy_opro.report import PLOT_INSTALL_HINT, TRAJECTORY_FILE, write_run_report
 from dspy_opro.state import STATE_FILE, StateFileError, load_state
 
@@ -30,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=_prog(), description="Tools for OPRO runs recorded by dspy-opro (the log_dir of a compile)."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     report = commands.add_parser(

@@ -9,7 +9,7 @@ pyplot's global state or a backend the user has chosen.
 Layout under ``log_dir``::
 
     report.md              the run: settings, trajectory, best instructions, selection, usage
-    trajectory.png         training accuracy by step (with matplotlib installed)
+    trajectory.png         training scores by step (with matplotlib installed; drawn by dspy_opro.plot)
     steps/NNN/meta_prompt.txt   the exact meta-prompt of step NNN
     steps/NNN/replies.json      the optimizer's replies and what became of each
     steps/NNN/report.md         the step in Markdown
@@ -24,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from dspy_opro.plot import PLOT_INSTALL_HINT, plot_trajectory  # noqa: F401 (re-exported; the plot lives there)
 from dspy_opro.state import Candidate, ModelUsage, RunState, Step, UsageRecord
 
 __all__ = [
@@ -49,7 +50,6 @@ REPLIES_FILE = "replies.json"
 CELL_CHARS = 200  # longer text is cut in table cells (the full text is in replies.json / the fenced blocks)
 TOP_INSTRUCTIONS = 5
 MAX_ERROR_ROWS = 50  # rows of the "Program errors" table in report.md; the rest are in state.json
-PLOT_INSTALL_HINT = "pip install dspy-opro[plot]"
 DASH = "—"
 
 # --------------------------------------------------------------------------------------------------- formatting
@@ -497,67 +497,3 @@ def write_run_report(state: RunState, log_dir: str | os.PathLike[str], *, plot: 
         except ImportError:
             pass  # matplotlib is optional: the report stands without the plot
     return written
-
-
-# ------------------------------------------------------------------------------------------------------- plot
-
-
-def plot_trajectory(state: RunState, path: str | os.PathLike[str]) -> Path:
-    """Draw training accuracy (0-100) by step as in the OPRO paper's figures: every scored candidate as a dot,
-    the best so far as a step line and the starting score as a dashed line. An 800 x 450 PNG at ``path``.
-
-    Uses ``matplotlib.figure.Figure`` with the Agg canvas, never pyplot, so a user's backend and open figures
-    are untouched. Raises ImportError when matplotlib is not installed."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-        from matplotlib.ticker import MaxNLocator
-    except ImportError as exc:
-        raise ImportError(f"the trajectory plot needs matplotlib: {PLOT_INSTALL_HINT}") from exc
-
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    figure = Figure(figsize=(8, 4.5), dpi=100)
-    canvas = FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-
-    scored = [c for c in state.candidates if c.status == "scored" and c.score is not None]
-    if scored:
-        axes.scatter(
-            [c.step for c in scored],
-            [c.score * 100 for c in scored],  # type: ignore[operator]
-            s=22,
-            color="#6baed6",
-            alpha=0.75,
-            edgecolors="none",
-            label="candidate instruction",
-            zorder=4,
-        )
-    best_line = [(row["step"], row["best_so_far"]) for row in trajectory_rows(state) if row["best_so_far"] is not None]
-    if best_line:
-        steps, best = zip(*best_line, strict=True)
-        axes.step(steps, best, where="post", color="#08519c", linewidth=2, label="best so far", zorder=3)
-    start = _best_of(_candidates_of(state, -1))
-    if start is not None:
-        axes.axhline(
-            start.score * 100,  # type: ignore[operator]
-            color="#636363",
-            linestyle="--",
-            linewidth=1.2,
-            label=f"start ({_fmt_pct(start.score)})",
-            zorder=1,
-        )
-    if not scored:
-        axes.text(0.5, 0.5, "no scored candidates yet", ha="center", va="center", transform=axes.transAxes)
-
-    axes.set_title("OPRO: training accuracy by step")
-    axes.set_xlabel("step")
-    axes.set_ylabel("training accuracy (%)")
-    axes.set_ylim(-3, 103)
-    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes.grid(True, axis="y", alpha=0.3)
-    if axes.get_legend_handles_labels()[0]:
-        axes.legend(loc="best", framealpha=0.9)
-    figure.tight_layout()
-    canvas.print_png(str(target))  # the figure's own size and dpi, whatever savefig.* rcParams say
-    return target

@@ -1,11 +1,14 @@
-"""Save a program optimized by OPRO, load it into a fresh program, and read the run record it came from.
+"""Save a program optimized by OPRO, load it into a fresh program, and read the run
+record it came from.
 
-The first run optimizes a small program, saves it to ``--program`` and keeps the run record in ``--log-dir``;
-later runs find the saved program and skip the optimization. The saved JSON holds the program's instructions; the
-run record (``state.json``) holds every candidate that was scored.
+The first run optimizes a small program, saves it to ``--program`` and keeps the run
+record in ``--log-dir``; later runs find the saved program and skip the optimization.
+The saved JSON holds the program's instructions; the run record (``state.json``) holds
+every candidate that was scored.
 
-Offline (the default) it starts a simulated OpenAI-compatible model on 127.0.0.1, so it needs no network and no
-API key. With ``--lm MODEL`` (any LiteLLM model string, its key taken from the environment) it uses that model.
+Offline (the default) it starts a simulated OpenAI-compatible model on 127.0.0.1, so it
+needs no network and no API key. With ``--lm MODEL`` (any LiteLLM model string, its key
+taken from the environment) it uses that model.
 
     python examples/load_compiled.py
     python examples/load_compiled.py --lm openai/gpt-4o-mini
@@ -31,15 +34,32 @@ DATA = Path(__file__).parent / "data" / "word_problems.jsonl"
 
 
 def load_problems() -> list[dspy.Example]:
-    rows = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [dspy.Example(question=row["question"], answer=row["answer"]).with_inputs("question") for row in rows]
+    rows = [
+        json.loads(line)
+        for line in DATA.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
+    return [
+        dspy.Example(question=row["question"], answer=row["answer"]).with_inputs(
+            "question"
+        )
+        for row in rows
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lm", help="LiteLLM model string; default: an offline simulated model")
-    parser.add_argument("--program", default="opro_program.json", help="where the optimized program is saved")
-    parser.add_argument("--log-dir", default="opro_run", help="where the run record is kept")
+    parser.add_argument(
+        "--lm", help="LiteLLM model string; default: an offline simulated model"
+    )
+    parser.add_argument(
+        "--program",
+        default="opro_program.json",
+        help="where the optimized program is saved",
+    )
+    parser.add_argument(
+        "--log-dir", default="opro_run", help="where the run record is kept"
+    )
     parser.add_argument("--threads", type=int, default=8)
     args = parser.parse_args(argv)
 
@@ -57,10 +77,18 @@ def main(argv: list[str] | None = None) -> int:
         trainset, testset = problems[:12], problems[12:32]
 
         if not Path(args.program).exists():
-            optimizer = OPROTeleprompter(metric=simulated_metric, prompt_model=prompt_lm, task_model=task_lm,
-                                         num_steps=3, num_candidates=3, num_threads=args.threads,
-                                         log_dir=args.log_dir)
-            compiled = optimizer.compile(dspy.ChainOfThought("question -> answer"), trainset=trainset)
+            optimizer = OPROTeleprompter(
+                metric=simulated_metric,
+                prompt_model=prompt_lm,
+                task_model=task_lm,
+                num_steps=3,
+                num_candidates=3,
+                num_threads=args.threads,
+                log_dir=args.log_dir,
+            )
+            compiled = optimizer.compile(
+                dspy.ChainOfThought("question -> answer"), trainset=trainset
+            )
             compiled.save(args.program)
             print(f"Optimized and saved the program to {args.program}")
 
@@ -70,20 +98,30 @@ def main(argv: list[str] | None = None) -> int:
         program.load(args.program)
         print("Loaded instruction:", program.predict.signature.instructions)
 
-        evaluate = dspy.Evaluate(devset=testset, metric=simulated_metric, num_threads=args.threads)
+        evaluate = dspy.Evaluate(
+            devset=testset, metric=simulated_metric, num_threads=args.threads
+        )
         with dspy.context(lm=task_lm):
             before = evaluate(dspy.ChainOfThought("question -> answer")).score
             after = evaluate(program).score
         print(f"Held-out accuracy: {before:.1f} as given, {after:.1f} optimized")
 
-        # The run record: every scored candidate, best first; any of them can be rebuilt.
+        # The run record: every scored candidate, best first; any of them can be
+        # rebuilt.
         run = load_state(args.log_dir)
-        ranked = sorted((c for c in run.candidates if c.status == "scored"), key=lambda c: -c.score)
+        ranked = sorted(
+            (c for c in run.candidates if c.status == "scored"), key=lambda c: -c.score
+        )
         for candidate in ranked[:3]:
-            print(f"  {100 * candidate.score:5.1f}  step {candidate.step:2d}  {candidate.instructions}")
+            print(
+                f"  {100 * candidate.score:5.1f}  step {candidate.step:2d}  "
+                f"{candidate.instructions}"
+            )
         runner_up = dspy.ChainOfThought("question -> answer")
         for name, predictor in runner_up.named_predictors():
-            predictor.signature = predictor.signature.with_instructions(ranked[1].instructions[name])
+            predictor.signature = predictor.signature.with_instructions(
+                ranked[1].instructions[name]
+            )
         # --8<-- [end:load]
         with dspy.context(lm=task_lm):
             print(f"Runner-up on held-out: {evaluate(runner_up).score:.1f}")

@@ -9,6 +9,7 @@ snippet. Shell blocks hold only commands that CI or a test runs.
 
 from __future__ import annotations
 
+import html.parser
 import importlib.util
 import os
 import re
@@ -32,6 +33,7 @@ ALLOWED_COMMANDS = {
     "python -m pytest": ".ci/run",
     "python examples/quickstart.py": "tests/test_quickstart.py",
     "python -m dspy_opro report LOG_DIR": "tests/test_report.py",
+    "dspy-opro --version": "tests/test_version.py",
 }
 # Files other than docs/snippets/*.py that Python blocks may include, and the test that runs each.
 EXECUTED_ELSEWHERE = {
@@ -100,19 +102,90 @@ def test_every_nav_page_exists_and_every_page_is_in_the_nav():
     assert len(files) == len(set(files))
 
 
-def test_mkdocs_build_strict(tmp_path):
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory) -> Path:
+    """The site built once by ``mkdocs build --strict`` into a temporary folder."""
     for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python"):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} is not installed (pip install -e '.[dev]')")
+    site = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert (tmp_path / "site" / "index.html").is_file()
-    api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
+    return site
+
+
+def test_mkdocs_build_strict(built_site):
+    assert (built_site / "index.html").is_file()
+    api = (built_site / "api" / "index.html").read_text(encoding="utf-8")
     for anchor in ("dspy_opro.OPROTeleprompter", "dspy_opro.OPROTeleprompter.compile", "dspy_opro.state.RunState"):
         assert f'id="{anchor}"' in api
     assert "num_candidates" in api  # the constructor's documented parameters are rendered
+    # compile's return is documented once, with every candidate_programs key.
+    compile_doc = api[api.index('id="dspy_opro.OPROTeleprompter.compile"'):api.index('id="what-compile-returns"')]
+    assert "RETURNS" not in compile_doc
+    returns = api[api.index('id="what-compile-returns"'):api.index('id="the-run-record"')]
+    for key in ("score", "program", "instructions", "step", "val_score"):
+        assert f"<td><code>{key}</code></td>" in returns, key
+
+
+class _LoadedResources(html.parser.HTMLParser):
+    """Collects what a page loads (script src, link href, img src) and whether it holds a mermaid block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded: list[tuple[str, str]] = []
+        self.mermaid = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = dict(attrs)
+        for name in {"script": ("src",), "link": ("href",), "img": ("src",), "iframe": ("src",)}.get(tag, ()):
+            if values.get(name):
+                self.loaded.append((tag, values[name]))
+        # Material fetches mermaid from a CDN for any element of class "mermaid".
+        self.mermaid |= "mermaid" in (values.get("class") or "").split()
+
+
+REMOTE = re.compile(r"^(?:https?:)?//", re.I)
+
+
+def test_built_site_loads_nothing_from_the_network(built_site):
+    """Offline, every page renders: no script, stylesheet, font or image from the network, no CDN-fed mermaid."""
+    pages = sorted(built_site.rglob("*.html"))
+    assert len(pages) >= len(PAGES)
+    for page in pages:
+        parser = _LoadedResources()
+        parser.feed(page.read_text(encoding="utf-8"))
+        remote = [(tag, url) for tag, url in parser.loaded if REMOTE.match(url)]
+        assert not remote, f"{page.relative_to(built_site)} loads {remote} from the network"
+        assert not parser.mermaid, f"{page.relative_to(built_site)} has a mermaid block (rendered from a CDN)"
+    method = (built_site / "method" / "index.html").read_text(encoding="utf-8")
+    assert 'src="../images/opro-step.svg"' in method
+    svg = (built_site / "images" / "opro-step.svg").read_text(encoding="utf-8")
+    assert svg.startswith("<svg") and "Pick the predictor" in svg and "http://" not in svg.replace(
+        "http://www.w3.org/", "")
+    for stylesheet in (built_site / "stylesheets").rglob("*.css"):
+        assert not re.search(r"url\(\s*['\"]?(?:https?:)?//", stylesheet.read_text(encoding="utf-8"))
+
+
+# Every line of the code the docs show, the examples and the snippets, fits 88 columns (the page's code width).
+CODE_WIDTH = 88
+CODE_FILES = sorted([*SNIPPET_FILES, *(ROOT / "examples").glob("*.py")])
+
+
+@pytest.mark.parametrize("path", CODE_FILES, ids=[f"{p.parent.name}/{p.name}" for p in CODE_FILES])
+def test_code_lines_fit_88_columns(path):
+    long = [(number, len(line)) for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+            if len(line) > CODE_WIDTH]
+    assert not long, f"{path.relative_to(ROOT)}: lines (number, length) over {CODE_WIDTH} columns: {long}"
+
+
+def test_inline_code_blocks_fit_88_columns():
+    for page, language, body in all_blocks():
+        if language in ("python", "bash"):
+            long = [line for line in body.splitlines() if len(line) > CODE_WIDTH]
+            assert not long, f"{page}: {long}"
 
 
 # ---------------------------------------------------------------------------------------------------- the blocks

@@ -17,12 +17,13 @@ pytestmark = pytest.mark.slow
 
 
 def test_quickstart_runs_offline_saves_and_reloads(tmp_path):
-    out = tmp_path / "q.json"
+    out_dir = tmp_path / "qs"
+    out = out_dir / "program.json"
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     for key in ("OPENAI_API_KEY", "OPENAI_API_BASE", "OPENAI_BASE_URL"):  # offline must not need (or use) these
         env.pop(key, None)
     proc = subprocess.run(
-        [sys.executable, "examples/quickstart.py", "--steps", "2", "--candidates", "3", "--out", str(out)],
+        [sys.executable, "examples/quickstart.py", "--steps", "2", "--candidates", "3", "--out-dir", str(out_dir)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -52,9 +53,46 @@ def test_quickstart_runs_offline_saves_and_reloads(tmp_path):
                   "`openai/simulated-optimizer`"):
         assert label in stdout
 
-    assert f"Saved the compiled program to {out}" in stdout
-    assert "Loaded it back and asked:" in stdout
+    assert "Loaded the saved program back and asked:" in stdout
     assert out.is_file()
     fresh = dspy.ChainOfThought("question -> answer")
     fresh.load(str(out))
     assert fresh.predict.signature.instructions == best
+
+    # It ends by naming every file it wrote, all in its folder.
+    tail = lines[lines.index(f"Files written to {out_dir}/:") + 1 :]
+    named = [line.split()[0] for line in tail]
+    assert named == [str(out_dir / name) for name in ("program.json", "report.md", "trajectory.png", "state.json",
+                                                      "steps")]
+    assert (out_dir / "report.md").read_text(encoding="utf-8").startswith("# OPRO run report")
+    assert (out_dir / "trajectory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in (out_dir / "steps").iterdir()) == ["000", "001"]
+    assert not list(ROOT.glob("quickstart_compiled.json"))
+
+
+def test_quickstart_starts_afresh_unless_resumed(tmp_path):
+    """A second run with other settings starts a new run record instead of refusing the old one."""
+    out_dir = tmp_path / "qs"
+    for steps in ("1", "2"):
+        proc = _run(["--steps", steps, "--candidates", "2", "--train", "6", "--out-dir", str(out_dir)])
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert sorted(p.name for p in (out_dir / "steps").iterdir()) == [f"{i:03d}" for i in range(int(steps))]
+    (out_dir / "notes.txt").write_text("mine", encoding="utf-8")
+    proc = _run(["--steps", "2", "--candidates", "2", "--train", "6", "--out-dir", str(out_dir), "--resume"])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Resuming the OPRO run" in proc.stderr
+    proc = _run(["--steps", "1", "--candidates", "2", "--train", "6", "--out-dir", str(out_dir)])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (out_dir / "notes.txt").read_text(encoding="utf-8") == "mine"  # only its own files are removed
+
+
+def test_quickstart_output_folder_is_ignored_by_git():
+    assert "runs/" in (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
+
+
+def _run(args):
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    for key in ("OPENAI_API_KEY", "OPENAI_API_BASE", "OPENAI_BASE_URL"):
+        env.pop(key, None)
+    return subprocess.run([sys.executable, "examples/quickstart.py", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)

@@ -574,13 +574,13 @@ def test_plot_trajectory_png(state: RunState, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     path = plot_trajectory(state, tmp_path / "plots" / "trajectory.png")
     assert path == tmp_path / "plots" / "trajectory.png"
-    assert _png_size(path) == (800, 450)
+    assert _png_size(path) == (960, 540)
 
 
 def test_plot_trajectory_with_nothing_scored(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     empty = build_fixture_state().model_copy(update={"candidates": [], "steps": [], "selection": None})
-    assert _png_size(plot_trajectory(empty, tmp_path / "t.png")) == (800, 450)
+    assert _png_size(plot_trajectory(empty, tmp_path / "t.png")) == (960, 540)
     assert "Nothing scored yet." in render_run_report(empty)
 
 
@@ -638,7 +638,7 @@ def test_cli_report(state: RunState, tmp_path: Path, capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out.splitlines()
     assert out == [str(tmp_path / "report.md"), str(tmp_path / "trajectory.png")]
     assert (tmp_path / "report.md").read_text(encoding="utf-8") == render_run_report(state)
-    assert _png_size(tmp_path / "trajectory.png") == (800, 450)
+    assert _png_size(tmp_path / "trajectory.png") == (960, 540)
 
 
 def test_cli_report_no_plot(state: RunState, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

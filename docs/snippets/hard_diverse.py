@@ -1,4 +1,5 @@
-"""Hard-and-diverse exemplars: the meta-prompt shows problems the instructions fail, unlike each other."""
+"""Hard-and-diverse exemplars: the meta-prompt shows problems the instructions fail,
+unlike each other."""
 
 import os
 
@@ -15,9 +16,15 @@ with SimulatedEndpoint() as endpoint:
     trainset = simulated_dataset(16)
 
     optimizer = OPROTeleprompter(
-        metric=simulated_metric, prompt_model=prompt_lm, task_model=task_lm,
-        num_steps=3, num_candidates=3, num_exemplars=3, num_threads=8,
-        exemplar_selection="hard_diverse",  # instead of the authors' uniform draw per step
+        metric=simulated_metric,
+        prompt_model=prompt_lm,
+        task_model=task_lm,
+        num_steps=3,
+        num_candidates=3,
+        num_exemplars=3,
+        num_threads=8,
+        # instead of the authors' uniform draw per step
+        exemplar_selection="hard_diverse",
         diversity_theta=0.7,  # 0: diversity only, 1: the hardest problems only
     )
     compiled = optimizer.compile(dspy.Predict("question -> answer"), trainset=trainset)
@@ -27,11 +34,22 @@ with SimulatedEndpoint() as endpoint:
         if step.step == 0:  # step 0 picks for diversity alone
             print(f"step 0: exemplars {step.exemplar_indices}")
             continue
-        # Difficulty of example i: 1 - its mean score over every instruction scored before the step.
-        scored = [c for c in run.candidates if c.status == "scored" and c.step < step.step]
-        difficulty = [1 - sum(c.scores[i] for c in scored) / len(scored) for i in step.exemplar_indices]
-        print(f"step {step.step}: exemplars {step.exemplar_indices}, difficulty {[round(d, 2) for d in difficulty]}")
+        # Difficulty of example i: 1 - its mean score over every instruction scored
+        # before the step.
+        scored = [
+            c for c in run.candidates if c.status == "scored" and c.step < step.step
+        ]
+        difficulty = [
+            1 - sum(c.scores[i] for c in scored) / len(scored)
+            for i in step.exemplar_indices
+        ]
+        print(
+            f"step {step.step}: exemplars {step.exemplar_indices}, "
+            f"difficulty {[round(d, 2) for d in difficulty]}"
+        )
 
-    # The selection itself makes no LM calls: the optimizer calls and program runs are OPRO's usual ones.
-    assert endpoint.count(kind="opro") == 3  # one request per step, n=3 (LiteLLM passes OpenAI's n on)
+    # The selection itself makes no LM calls: the optimizer calls and program runs are
+    # OPRO's usual ones.
+    # one request per step, n=3 (LiteLLM passes OpenAI's n on)
+    assert endpoint.count(kind="opro") == 3
     assert endpoint.count(kind="task") == run.metric_calls

@@ -25,8 +25,14 @@ with SimulatedEndpoint() as endpoint:
     task_lm = endpoint.lm("openai/simulated-task")
     prompt_lm = endpoint.lm("openai/simulated-optimizer")
 
-    optimizer = OPROTeleprompter(metric=simulated_metric, prompt_model=prompt_lm, task_model=task_lm,
-                                 num_steps=4, num_candidates=3, num_threads=8)
+    optimizer = OPROTeleprompter(
+        metric=simulated_metric,
+        prompt_model=prompt_lm,
+        task_model=task_lm,
+        num_steps=4,
+        num_candidates=3,
+        num_threads=8,
+    )
     compiled = optimizer.compile(PlanThenAnswer(), trainset=simulated_dataset(8))
     run = compiled.opro_run
 
@@ -34,7 +40,11 @@ with SimulatedEndpoint() as endpoint:
     for step in run.steps:
         print(f"step {step.step}: optimizes {step.predictor!r}")
     assert [step.predictor for step in run.steps] == ["plan", "solve", "plan", "solve"]
-    # A candidate changes one predictor and keeps the others at the best instructions found before its step.
+    # A candidate changes one predictor and keeps the others at the best instructions
+    # found before its step.
     for candidate in run.candidates[1:]:
         assert candidate.instructions[candidate.predictor] == candidate.instruction
-    print("returned:", {name: p.signature.instructions for name, p in compiled.named_predictors()})
+    print(
+        "returned:",
+        {name: p.signature.instructions for name, p in compiled.named_predictors()},
+    )
