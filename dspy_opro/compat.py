@@ -1,0 +1,102 @@
+"""Every use of DSPy's internals, in one place.
+
+dspy-opro runs on DSPy's public API wherever it can. A few things it needs have no public face in DSPy 3.4: the
+per-thread settings overrides that ``dspy.context`` writes (evaluation workers must adopt the caller's LM, adapter
+and callbacks), the id of the active callback call (so tracing nests the program runs under ``compile``), the usage
+tracker class and the LM exception types, and DSPy's logging set-up. Each is reached here and nowhere else, and
+``tests/test_compat.py`` has a test per access, so that a DSPy upgrade that moves one breaks one test that names it
+rather than the optimizer in many places.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import dspy
+from dspy.dsp.utils.settings import thread_local_overrides
+from dspy.utils.callback import BaseCallback
+from dspy.utils.callback_context import ACTIVE_CALL_ID
+from dspy.utils.exceptions import (
+    AdapterParseError,
+    ContextWindowExceededError,
+    LMAuthError,
+    LMBillingError,
+    LMConfigurationError,
+    LMProviderError,
+    LMUnexpectedError,
+    LMUnsupportedFeatureError,
+    LMUnsupportedModelError,
+    is_retryable_lm_error,
+)
+from dspy.utils.logging_utils import configure_dspy_loggers
+from dspy.utils.usage_tracker import UsageTracker
+
+T = TypeVar("T")
+
+
+def current_context() -> tuple[dict[str, Any], Any]:
+    """The calling thread's DSPy settings overrides and active callback call id, to hand to a worker thread."""
+    return thread_local_overrides.get().copy(), ACTIVE_CALL_ID.get()
+
+
+def run_in_context(context: tuple[dict[str, Any], Any], function: Callable[..., T], *args: Any) -> T:
+    """Run ``function(*args)`` in this (worker) thread under the context :func:`current_context` took.
+
+    The overrides are merged over the worker's own, as DSPy's own parallel executor does, and the call id makes
+    callbacks and tracing nest the work under the caller's call.
+    """
+    overrides, call_id = context
+    token = thread_local_overrides.set({**thread_local_overrides.get(), **overrides})
+    call_token = ACTIVE_CALL_ID.set(call_id)
+    try:
+        return function(*args)
+    finally:
+        ACTIVE_CALL_ID.reset(call_token)
+        thread_local_overrides.reset(token)
+
+
+def input_keys(example: dspy.Example) -> list[str]:
+    """The example's input field names; empty when ``with_inputs`` was never called."""
+    try:
+        return list(example.inputs().keys())
+    except ValueError:  # DSPy raises when the inputs were never set
+        return []
+
+
+def lm_engine(lm: Any) -> Any:
+    """The engine a ``dspy.LM`` was built with (``"auto"``, ``"litellm"``, ``"lm15"`` or an engine object)."""
+    return getattr(lm, "engine", None)
+
+
+def mark_compiled(program: dspy.Module) -> None:
+    """Flag a program as compiled, as DSPy's own teleprompters do (``dspy.Module._compiled``)."""
+    program._compiled = True
+
+
+def configure_loggers(package: str) -> None:
+    """Send ``package``'s log lines through DSPy's logging stream, so ``dspy.disable_logging()`` silences them."""
+    configure_dspy_loggers(package)
+
+
+__all__ = [
+    "ACTIVE_CALL_ID",
+    "AdapterParseError",
+    "BaseCallback",
+    "ContextWindowExceededError",
+    "LMAuthError",
+    "LMBillingError",
+    "LMConfigurationError",
+    "LMProviderError",
+    "LMUnexpectedError",
+    "LMUnsupportedFeatureError",
+    "LMUnsupportedModelError",
+    "UsageTracker",
+    "configure_loggers",
+    "current_context",
+    "input_keys",
+    "is_retryable_lm_error",
+    "lm_engine",
+    "mark_compiled",
+    "run_in_context",
+]
