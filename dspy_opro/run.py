@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -89,6 +91,21 @@ def _resolve_prompt_model(prompt_model: Any) -> dspy.BaseLM:
             raise ValueError("no optimizer model: pass prompt_model=... or dspy.configure(lm=...)")
         return dspy.settings.lm
     return prompt_model
+
+
+_LIBRARY_DIRS = tuple(str(Path(module.__file__).resolve().parent) + os.sep
+                      for module in (dspy, sys.modules[__package__]))
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` of a warning issued by the caller that points at the first line outside dspy-opro and DSPy
+    (DSPy wraps ``compile`` in callback handlers, so a fixed number would point into DSPy)."""
+    frame = sys._getframe(1)  # the function that calls warnings.warn: stacklevel 1
+    level = 1
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(_LIBRARY_DIRS):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def _mean(values: Sequence[float | None]) -> float:
@@ -346,7 +363,8 @@ class OPRORun:
             for role, lm in (("optimizer", self.prompt_lm), ("task", self.task_lm)):
                 if token_prices(getattr(lm, "model", "")) is None:
                     warnings.warn(f"max_cost=${cfg.max_cost:g}: the {role} model {lm.model!r} has no known price, so "
-                                  "its calls count as $0 and the cost is reported as unknown", stacklevel=4)
+                                  "its calls count as $0 and the cost is reported as unknown",
+                                  stacklevel=user_stacklevel())
         self._progress = tqdm.tqdm(total=planned, initial=self.state.metric_calls, desc="OPRO evaluations",
                                    unit="eval", disable=None, leave=False)
 
@@ -680,7 +698,7 @@ class OPRORun:
             return best.score, "training"
         if not self.valset:
             warnings.warn("label-free OPRO without a valset gates on the training examples, which the search "
-                          "already selected on; pass a valset for an unbiased gate", stacklevel=5)
+                          "already selected on; pass a valset for an unbiased gate", stacklevel=user_stacklevel())
             return best.score, "training"
         self._score([self.state.candidates[START_ID]], "val")  # runs the starting program: the validation anchors
         self._score([best], "val")
