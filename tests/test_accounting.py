@@ -4,10 +4,10 @@ budget, and tracing that nests every program run under compile."""
 
 from __future__ import annotations
 
+import dspy
 import litellm
 import pytest
 
-import dspy
 from dspy_opro import OPROTeleprompter
 from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
 

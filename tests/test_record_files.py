@@ -34,8 +34,8 @@ def compile_job(log_dir, call_log=None, **options):
 
 def test_a_second_process_on_the_same_log_dir_is_refused_at_once(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from dspy_opro.state import LogDirLock; lock = LogDirLock(sys.argv[1]); lock.acquire();"
-         " print('locked', flush=True); sys.stdin.read()", str(tmp_path)],
+        [sys.executable, "-c", "import sys; from dspy_opro.state import LogDirLock; lock = LogDirLock(sys.argv[1]);"
+         " lock.acquire(); print('locked', flush=True); sys.stdin.read()", str(tmp_path)],
         cwd=ROOT, env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "locked\n"
@@ -54,7 +54,7 @@ def test_a_second_process_on_the_same_log_dir_is_refused_at_once(tmp_path):
 def test_the_journal_ignores_a_torn_multibyte_last_line_and_appends_on_a_new_line(tmp_path):
     path = tmp_path / PROGRESS_FILE
     whole = json.dumps({"c": 1, "i": 0, "a": "é"}, ensure_ascii=False).encode("utf-8")
-    path.write_bytes(whole + b"\n" + '{"c": 1, "i": 1, "a": "é'.encode("utf-8")[:-1])  # cut inside "é"
+    path.write_bytes(whole + b"\n" + '{"c": 1, "i": 1, "a": "é'.encode()[:-1])  # cut inside "é"
     assert ProgressJournal.read(tmp_path) == [{"c": 1, "i": 0, "a": "é"}]
     journal = ProgressJournal(tmp_path)
     journal.append({"c": 1, "i": 2})
@@ -71,7 +71,7 @@ def test_a_killed_run_with_a_torn_journal_resumes_to_the_uninterrupted_result(tm
     assert child.returncode == -9, child.stderr
     journal = tmp_path / "crash" / PROGRESS_FILE
     assert len(ProgressJournal.read(tmp_path / "crash")) == 1  # step 0's first evaluation
-    journal.write_bytes(journal.read_bytes() + '{"c": 1, "i": 1, "o": "ok", "a": "ü'.encode("utf-8")[:-1])
+    journal.write_bytes(journal.read_bytes() + '{"c": 1, "i": 1, "o": "ok", "a": "ü'.encode()[:-1])
     compiled, task_engine, _ = compile_job(tmp_path / "crash")
     assert outcome(compiled) == expected
     assert len(task_engine.requests) == len(full_engine.requests) - 11  # all but the 11 recorded before the kill
