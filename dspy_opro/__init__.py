@@ -3,7 +3,7 @@
 from dspy.utils.logging_utils import configure_dspy_loggers
 
 from dspy_opro.scoring import FatalLMError, MetricError, OPRORunError
-from dspy_opro.state import RunState, StateFileError
+from dspy_opro.state import RunInProgressError, RunState, StateFileError
 from dspy_opro.teleprompter import OPRO, OPROTeleprompter
 
 __version__ = "0.1.0"
@@ -17,6 +17,7 @@ __all__ = [
     "MetricError",
     "OPROTeleprompter",
     "OPRORunError",
+    "RunInProgressError",
     "RunState",
     "StateFileError",
     "__version__",
