@@ -87,9 +87,17 @@ def _code_shape(code: types.CodeType) -> list[Any]:
 
 
 def _value_shape(value: Any) -> Any:
-    """A stable rendering of a closure value or default; objects whose repr holds an address count by type only."""
+    """A stable rendering of a closure value or default.
+
+    Values that may change while the metric runs (unhashable ones such as a list used as a counter) and objects
+    whose repr holds an address count by their type only.
+    """
     if isinstance(value, types.FunctionType):
         return callable_fingerprint(value)
+    try:
+        hash(value)
+    except TypeError:
+        return f"<{type(value).__qualname__}>"
     text = repr(value)
     return f"<{type(value).__qualname__}>" if " at 0x" in text else text
 
