@@ -27,6 +27,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "validation": {"select": "validation", "top_k": 2},
     "val_gate": {"val_gate": True},
     "label_free": {"label_free": True},
+    "budget": {"max_cost": 0.0008},
 }
 
 

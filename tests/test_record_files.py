@@ -228,3 +228,18 @@ def test_metric_calls_counts_evaluations_that_ran_not_a_fatal_one(tmp_path):
         optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(5))
     assert len(task_engine.requests) == 6
     assert load_state(tmp_path).metric_calls == 5
+
+
+def test_a_journal_entry_for_another_instruction_is_ignored(tmp_path):
+    full, full_engine, _ = compile_job(tmp_path / "full")
+    child = subprocess.run([sys.executable, "-m", "tests.resume_job", str(tmp_path / "crash"),
+                            str(tmp_path / "before.log"), "12"], cwd=ROOT, env=ENV, capture_output=True, timeout=300)
+    assert child.returncode == -9, child.stderr
+    journal = tmp_path / "crash" / PROGRESS_FILE
+    [entry] = ProgressJournal.read(tmp_path / "crash")
+    assert entry["d"] == load_state(tmp_path / "crash").candidates[entry["c"]].md5
+    # The same slot, written by a run of another instruction (another process on this folder, say).
+    journal.write_text(json.dumps({**entry, "d": "0123456789abcdef", "s": 1.0 - entry["s"]}) + "\n")
+    compiled, task_engine, _ = compile_job(tmp_path / "crash")
+    assert outcome(compiled) == outcome(full)
+    assert len(task_engine.requests) == len(full_engine.requests) - 10  # the foreign entry's evaluation runs again

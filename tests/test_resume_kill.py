@@ -77,3 +77,21 @@ def test_sigkill_repeats_at_most_the_evaluation_in_flight(tmp_path, scenario, mo
     lost = sum(price(r) for r in before if key(r) in repeated)
     served = sum(price(r) for r in before + after)
     assert resumed.opro_run.usage.total_cost == pytest.approx(served - lost, rel=1e-9)
+
+
+def test_max_cost_holds_across_a_kill(tmp_path):
+    with SimulatedEndpoint() as endpoint:
+        kill_child(endpoint, tmp_path / "run", "budget", TASK, "train", 9)
+        before = [r for r in endpoint.requests if r.status == 200]
+        resumed = compile_in_process(endpoint, tmp_path / "run", "budget").opro_run
+        after = [r for r in endpoint.requests if r.status == 200][len(before):]
+    lost = {key(r) for r in before if r.kind in PAID_KINDS} & {key(r) for r in after if r.kind in PAID_KINDS}
+    assert len(lost) == 1  # the evaluation in flight at the kill
+    spent, crossed, billed = 0.0, None, [r for r in before if key(r) not in lost] + after
+    for position, record in enumerate(billed):
+        spent += price(record)
+        if crossed is None and spent >= 0.0008:
+            crossed = position
+    assert resumed.status == "stopped" and resumed.stop_reason.startswith("max_cost=$0.0008 reached")
+    assert crossed is not None and crossed >= len(before) and len(billed) - 1 - crossed == 0
+    assert resumed.usage.total_cost == pytest.approx(spent, rel=1e-9)
