@@ -243,7 +243,10 @@ def load_state(log_dir: str | os.PathLike[str]) -> RunState | None:
             f"{path} is corrupt ({exc}); it is not valid JSON. Restore it from a backup, or delete the log_dir "
             "to start a fresh run."
         ) from exc
-    version = data.get("schema_version") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        raise StateFileError(f"{path} is corrupt: it holds JSON but not an OPRO run record. Restore it from a backup, "
+                             "or delete the log_dir to start a fresh run.")
+    version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise StateFileError(
             f"{path} has schema version {version!r}; this dspy-opro reads version {SCHEMA_VERSION}. "

@@ -77,7 +77,7 @@ def test_a_killed_run_with_a_torn_journal_resumes_to_the_uninterrupted_result(tm
     assert len(task_engine.requests) == len(full_engine.requests) - 11  # all but the 11 recorded before the kill
 
 
-@pytest.mark.parametrize("damage", [b'{"schema_version": 1, "fingerprint": {"con', b"\xff\xfe{}", b""])
+@pytest.mark.parametrize("damage", [b'{"schema_version": 1, "fingerprint": {"con', b"\xff\xfe{}", b"", b"[]"])
 def test_a_damaged_state_file_is_reported_by_compile_and_by_the_report_command(tmp_path, damage, capsys):
     compile_job(tmp_path)
     (tmp_path / "state.json").write_bytes(damage)
