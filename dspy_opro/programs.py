@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -113,9 +114,12 @@ def callable_fingerprint(function: Any) -> str | None:
     target = function if hasattr(function, "__qualname__") else type(function)
     name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"
     inner = getattr(function, "__func__", function)  # bound methods
-    if isinstance(inner, types.FunctionType):
+    if isinstance(function, functools.partial):
+        shape: Any = [callable_fingerprint(function.func), [_value_shape(v) for v in function.args],
+                      {key: _value_shape(v) for key, v in sorted(function.keywords.items())}]
+    elif isinstance(inner, types.FunctionType):
         closure = [_value_shape(cell.cell_contents) for cell in inner.__closure__ or () if _cell_filled(cell)]
-        shape: Any = [_code_shape(inner.__code__), [_value_shape(v) for v in inner.__defaults__ or ()], closure]
+        shape = [_code_shape(inner.__code__), [_value_shape(v) for v in inner.__defaults__ or ()], closure]
     else:
         call = type(function).__call__ if callable(function) else None
         code = getattr(call, "__code__", None)

@@ -243,3 +243,30 @@ def test_a_journal_entry_for_another_instruction_is_ignored(tmp_path):
     compiled, task_engine, _ = compile_job(tmp_path / "crash")
     assert outcome(compiled) == outcome(full)
     assert len(task_engine.requests) == len(full_engine.requests) - 10  # the foreign entry's evaluation runs again
+
+
+class ThresholdMetric:
+    def __init__(self, threshold):
+        self.threshold = threshold
+
+    def __call__(self, example, prediction, trace=None):
+        return toy_metric(example, prediction) >= self.threshold
+
+
+def graded(example, prediction, trace=None, *, weight=1.0):
+    return toy_metric(example, prediction) * weight
+
+
+def test_the_metric_fingerprint_of_callable_objects_and_partials():
+    import functools
+
+    from dspy_opro.programs import callable_fingerprint
+
+    assert callable_fingerprint(ThresholdMetric(1)) == callable_fingerprint(ThresholdMetric(1))
+    assert callable_fingerprint(ThresholdMetric(1)) != callable_fingerprint(ThresholdMetric(0.5))
+    assert callable_fingerprint(functools.partial(graded, weight=1.0)) == callable_fingerprint(
+        functools.partial(graded, weight=1.0))
+    assert callable_fingerprint(functools.partial(graded, weight=1.0)) != callable_fingerprint(
+        functools.partial(graded, weight=0.5))
+    assert callable_fingerprint(graded).startswith("tests.test_record_files.graded#")
+    assert callable_fingerprint(None) is None
