@@ -151,23 +151,29 @@ class UsageCapture:
         usage: dict[str, ModelUsage] = {}
         with self._tracker._lock:
             paid_by_model = {model: list(entries) for model, entries in self._tracker.paid.items()}
-        for model in set(paid_by_model) | set(self._counter.calls):
-            entries = paid_by_model.get(model, [])
+            all_by_model = {model: list(entries) for model, entries in self._tracker.usage_data.items()}
+        for model in set(all_by_model) | set(self._counter.calls):
+            paid, entries = paid_by_model.get(model, []), all_by_model.get(model, [])
             record = ModelUsage()
-            for entry in entries:
-                prompt, completion = _tokens(entry, "prompt_tokens"), _tokens(entry, "completion_tokens")
-                record.prompt_tokens += prompt
-                record.completion_tokens += completion
+            for entry in entries:  # what the tracker holds: also entries a nested dspy.track_usage() rolled up
+                record.prompt_tokens += _tokens(entry, "prompt_tokens")
+                record.completion_tokens += _tokens(entry, "completion_tokens")
                 details = entry.get("prompt_tokens_details") or {}
                 record.cached_tokens += _tokens(details, "cached_tokens") if isinstance(details, dict) else 0
+            price = token_prices(model)
+            priced_prompt, priced_completion = record.prompt_tokens, record.completion_tokens
+            for entry in paid:
                 cost = self._sink.costs.get(id(entry))
-                if cost is None:
-                    price = token_prices(model)
-                    if price is None:
-                        record.unpriced_calls += 1
-                        continue
-                    cost = prompt * price[0] + completion * price[1]
-                record.cost += cost
+                if cost is not None:
+                    record.cost += cost
+                    priced_prompt -= _tokens(entry, "prompt_tokens")
+                    priced_completion -= _tokens(entry, "completion_tokens")
+            # Calls without a cost of their own: from the price map, or unknown.
+            unpriced = max(len(entries) - len(paid), 0) + sum(id(entry) not in self._sink.costs for entry in paid)
+            if unpriced and price is not None:
+                record.cost += priced_prompt * price[0] + priced_completion * price[1]
+            elif unpriced:
+                record.unpriced_calls = unpriced
             record.calls = max(self._counter.calls.get(model, 0), len(entries))
             record.cache_hits = record.calls - len(entries)
             usage[model] = record

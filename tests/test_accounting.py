@@ -162,3 +162,27 @@ def test_usage_through_the_dask_executor_equals_what_the_endpoint_served():
     assert task[0] == 2 * run.metric_calls
     assert (got.calls, got.prompt_tokens, got.completion_tokens, got.cached_tokens) == task
     assert got.cost == pytest.approx(served_cost(records, TASK), rel=1e-9)
+
+
+def test_a_program_that_tracks_its_own_usage_still_counts():
+    class SelfTracking(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.predict = dspy.Predict("question -> answer")
+
+        def forward(self, question):
+            with dspy.track_usage():  # rolls up into OPRO's tracker without calling add_usage
+                return self.predict(question=question)
+
+    with SimulatedEndpoint(cached_tokens=20) as endpoint:
+        optimizer = OPROTeleprompter(simulated_metric, prompt_model=endpoint.lm(OPTIMIZER),
+                                     task_model=endpoint.lm(TASK), num_steps=1, num_candidates=1, num_threads=2)
+        usage = optimizer.compile(SelfTracking(), trainset=simulated_dataset(4, seed=1)).opro_run.usage
+        task = served(endpoint, TASK)
+        records = [r for r in endpoint.requests if r.model == "gpt-4o-mini"]
+    got = usage.by_model[TASK]
+    assert (got.calls, got.prompt_tokens, got.completion_tokens, got.cached_tokens) == task
+    # No per-response cost reaches OPRO here: the price map prices every prompt token at the full rate.
+    prices = litellm.model_cost["gpt-4o-mini"]
+    assert got.cost == pytest.approx(sum(r.prompt_tokens * prices["input_cost_per_token"] + r.completion_tokens
+                                         * prices["output_cost_per_token"] for r in records), rel=1e-9)
