@@ -10,7 +10,7 @@ from dspy_opro.errors import (
     OPRORunError,
     ProgramError,
 )
-from dspy_opro.state import RunState, StateFileError
+from dspy_opro.state import RunInProgressError, RunState, StateFileError
 from dspy_opro.teleprompter import OPRO, OPROTeleprompter
 
 __version__ = "0.1.0"
@@ -27,6 +27,7 @@ __all__ = [
     "OPROTeleprompter",
     "OPRORunError",
     "ProgramError",
+    "RunInProgressError",
     "RunState",
     "StateFileError",
     "__version__",

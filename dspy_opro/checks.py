@@ -45,7 +45,8 @@ def require_int(name: str, value: Any, *, minimum: int, allow_none: bool = False
     if value is None and allow_none:
         return
     if is_bool(value) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}{meaning}{' or None' if allow_none else ''}; got {value!r}")
+        or_none = " or None" if allow_none else ""
+        raise ValueError(f"{name} must be an int >= {minimum}{meaning}{or_none}; got {value!r}")
 
 
 def require_number(

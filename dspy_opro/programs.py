@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -81,9 +83,71 @@ def program_fingerprint(program: dspy.Module) -> str:
             "inputs": list(signature.input_fields),
             "outputs": list(signature.output_fields),
             "instructions": signature.instructions,
-            "demos": len(getattr(predictor, "demos", []) or []),
+            "demos": [_demo_content(demo) for demo in getattr(predictor, "demos", []) or []],
         })
     return digest({"class": type(program).__name__, "predictors": shape})
+
+
+def _demo_content(demo: Any) -> Any:
+    if isinstance(demo, dspy.Example):
+        return dict(demo.items())
+    return dict(demo) if isinstance(demo, Mapping) else repr(demo)
+
+
+def _code_shape(code: types.CodeType) -> list[Any]:
+    """What a code object computes: its bytecode, names and constants (nested code objects included)."""
+    constants = [_code_shape(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts]
+    return [code.co_code.hex(), list(code.co_names), list(code.co_varnames), constants]
+
+
+def _value_shape(value: Any) -> Any:
+    """A stable rendering of a closure value or default.
+
+    Values that may change while the metric runs (unhashable ones such as a list used as a counter) and objects
+    whose repr holds an address count by their type only.
+    """
+    if isinstance(value, types.FunctionType):
+        return callable_fingerprint(value)
+    try:
+        hash(value)
+    except TypeError:
+        return f"<{type(value).__qualname__}>"
+    text = repr(value)
+    return f"<{type(value).__qualname__}>" if " at 0x" in text else text
+
+
+def callable_fingerprint(function: Any) -> str | None:
+    """``module.qualname#digest`` of a metric: the digest covers its code, defaults and closure values.
+
+    Two lambdas, or a function edited between two runs, get different fingerprints; a callable object counts by
+    its class's ``__call__`` and its attributes' values.
+    """
+    if function is None:
+        return None
+    target = function if hasattr(function, "__qualname__") else type(function)
+    name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"
+    inner = getattr(function, "__func__", function)  # bound methods
+    if isinstance(function, functools.partial):
+        shape: Any = [callable_fingerprint(function.func), [_value_shape(v) for v in function.args],
+                      {key: _value_shape(v) for key, v in sorted(function.keywords.items())}]
+    elif isinstance(inner, types.FunctionType):
+        closure = [_value_shape(cell.cell_contents) for cell in inner.__closure__ or () if _cell_filled(cell)]
+        shape = [_code_shape(inner.__code__), [_value_shape(v) for v in inner.__defaults__ or ()], closure]
+    else:
+        call = type(function).__call__ if callable(function) else None
+        code = getattr(call, "__code__", None)
+        attributes = {key: _value_shape(value) for key, value in sorted(vars(function).items())} \
+            if hasattr(function, "__dict__") else {}
+        shape = [_code_shape(code) if code is not None else None, attributes]
+    return f"{name}#{digest(shape)}"
+
+
+def _cell_filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
 
 
 def dataset_fingerprint(examples: Sequence[dspy.Example] | None) -> str:

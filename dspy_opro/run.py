@@ -9,13 +9,15 @@ the optimizer, triage the replies, score the new instructions, and finally selec
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import dspy
 import tqdm
@@ -30,6 +32,7 @@ from dspy_opro.errors import (
 from dspy_opro.exemplars import NO_REFERENCE_NOTE, draw_exemplar_indices, render_fields
 from dspy_opro.meta_prompt import gen_meta_prompt, instruction_md5
 from dspy_opro.programs import (
+    callable_fingerprint,
     dataset_fingerprint,
     output_fields,
     predictor_map,
@@ -48,14 +51,16 @@ from dspy_opro.scoring import (
     OPRORunError,
     describe_failure,
     metric_takes_trace,
-    token_prices,
 )
 from dspy_opro.selection import START_ID
 from dspy_opro.state import (
     MAX_ERROR_KINDS,
+    STATE_FILE,
     Candidate,
     ErrorRecord,
     Fingerprint,
+    LogDirLock,
+    ModelUsage,
     ProgressJournal,
     Reply,
     RunState,
@@ -66,6 +71,7 @@ from dspy_opro.state import (
     save_state,
 )
 from dspy_opro.triage import triage_replies
+from dspy_opro.usage import roll_up, token_prices
 
 if TYPE_CHECKING:
     from dspy_opro.teleprompter import OPROTeleprompter
@@ -94,12 +100,18 @@ def _resolve_model(model: Any) -> dspy.BaseLM | None:
     return dspy.LM(model, engine="litellm") if isinstance(model, str) else model
 
 
-def _check_log_dir(log_dir: str) -> None:
-    """Refuse a ``log_dir`` that is a file or where no file can be written, before any LM call."""
+def _check_log_dir_is_folder(log_dir: str) -> None:
+    """Refuse a ``log_dir`` that is a file, before any LM call."""
     path = Path(log_dir)
     if path.exists() and not path.is_dir():
         raise LogDirError(f"log_dir {str(path)!r} is a file, not a folder. Pass the path of a folder (it is created "
                           "if missing), or move the file away.")
+
+
+def _check_log_dir_writable(log_dir: str) -> None:
+    """Refuse a ``log_dir`` where no file can be written, before any LM call (a finished run's folder may be
+    read-only: its result is returned without writing)."""
+    path = Path(log_dir)
     try:
         path.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=path)
@@ -123,12 +135,19 @@ def _resolve_prompt_model(prompt_model: Any) -> dspy.BaseLM:
     return prompt_model
 
 
-def _callable_name(function: Any) -> str | None:
-    """``module.qualname`` of a metric, so that resuming with another metric is refused."""
-    if function is None:
-        return None
-    target = function if hasattr(function, "__qualname__") else type(function)
-    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"
+_LIBRARY_DIRS = tuple(str(Path(module.__file__).resolve().parent) + os.sep
+                      for module in (dspy, sys.modules[__package__]))
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` of a warning issued by the caller that points at the first line outside dspy-opro and DSPy
+    (DSPy wraps ``compile`` in callback handlers, so a fixed number would point into DSPy)."""
+    frame = sys._getframe(1)  # the function that calls warnings.warn: stacklevel 1
+    level = 1
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(_LIBRARY_DIRS):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def _mean(values: Sequence[float | None]) -> float:
@@ -176,7 +195,7 @@ class OPRORun:
             if lm is not None:
                 check_model_ready(lm, role)
         if config.log_dir:
-            _check_log_dir(config.log_dir)
+            _check_log_dir_is_folder(config.log_dir)
         self.ignores_n: set[str] = set()  # optimizer models seen answering an n request with fewer choices
         self.num_threads = config.num_threads or dspy.settings.get("num_threads") or 1
 
@@ -191,16 +210,25 @@ class OPRORun:
                              for i in range(len(self.trainset))]
         self.metric = config.metric if not config.label_free else self._make_preference_metric()
         self.metric_takes_trace = metric_takes_trace(self.metric)
-        self.state = self._load_or_create()
-        if config.label_free:
-            self._restore_anchors()
-        self.evaluator = Evaluator(num_threads=self.num_threads, executor=config.executor)
-        self.budget = Budget(config.max_metric_calls, config.max_cost, metric_calls=self.state.metric_calls,
-                             cost_so_far=lambda: self.state.usage.total_cost)
-        self.journal = ProgressJournal(config.log_dir) if config.log_dir else None
-        self._reopen_if_budget_allows()
-        self._reopen_after_failure()
-        self._retry_lm_failures()
+        # usage is rolled up into the caller's dspy.track_usage() tracker, if any
+        self.caller_tracker = dspy.settings.usage_tracker
+        self.lock = LogDirLock(config.log_dir) if config.log_dir else None
+        try:
+            self.state = self._load_or_create()
+            if config.label_free:
+                self._restore_anchors()
+            self.evaluator = Evaluator(num_threads=self.num_threads, executor=config.executor)
+            self.budget = Budget(config.max_metric_calls, config.max_cost, metric_calls=self.state.metric_calls,
+                                 cost_so_far=lambda: self.state.usage.total_cost)
+            self.journal = ProgressJournal(config.log_dir) if config.log_dir else None
+            self._reopen_if_budget_allows()
+            self._continue_if_more_steps()
+            self._reopen_after_failure()
+            self._retry_lm_failures()
+        except BaseException:
+            if self.lock is not None:
+                self.lock.release()
+            raise
         self._remaining: dict[tuple[str, int], set[int]] = {}
         self._infra_errors: dict[tuple[str, int], list[str]] = {}
         self._progress: tqdm.tqdm | None = None
@@ -213,17 +241,33 @@ class OPRORun:
         """What shapes the search: resuming under other values would mix two runs. (Budgets may change.)"""
         return {**self.cfg.search_config(), "prompt_model": getattr(self.prompt_lm, "model", None),
                 "task_model": getattr(self.task_lm, "model", None), "targets": self.targets,
-                "metric": _callable_name(self.cfg.metric),
+                "metric": callable_fingerprint(self.cfg.metric),
                 "judge_model": getattr(self.judge_lm, "model", None)}
 
+    def _uses_valset(self) -> bool:
+        return self.cfg.select == "validation" or self.cfg.val_gate or self.cfg.label_free
+
     def _fingerprint(self) -> Fingerprint:
-        return Fingerprint(config=digest(self._search_config()), trainset=dataset_fingerprint(self.trainset),
-                           valset=dataset_fingerprint(self.valset), program=program_fingerprint(self.base))
+        # num_steps is left out: raising it continues a run from its last step, like a larger budget.
+        settings = json.loads(json.dumps({key: value for key, value in self._search_config().items()
+                                          if key != "num_steps"}, default=str))
+        return Fingerprint(config=digest(settings), trainset=dataset_fingerprint(self.trainset),
+                           valset=dataset_fingerprint(self.valset if self._uses_valset() else []),
+                           program=program_fingerprint(self.base), settings=settings)
 
     def _load_or_create(self) -> RunState:
         fingerprint = self._fingerprint()
         if self.cfg.log_dir:
             saved = load_state(self.cfg.log_dir)
+            if saved is not None and saved.selection is not None and not self._wants_more_steps(saved):
+                # A finished run: its result needs no lock, so a read-only log_dir still returns it.
+                check_fingerprint(saved, fingerprint, self.cfg.log_dir)
+                if not self._would_reopen(saved):
+                    self.lock = None
+                    return saved
+            _check_log_dir_writable(self.cfg.log_dir)
+            self.lock.acquire()
+            saved = load_state(self.cfg.log_dir)  # read again under the lock: another run may have just written it
             if saved is not None:
                 check_fingerprint(saved, fingerprint, self.cfg.log_dir)
                 self._replay_journal(saved)
@@ -240,17 +284,55 @@ class OPRORun:
         return state
 
     def _replay_journal(self, state: RunState) -> None:
-        """Apply evaluations that finished after the last snapshot of ``state.json``."""
+        """Apply evaluations that finished after the last snapshot of ``state.json``, with what they cost.
+
+        An entry applies only to the candidate with the same instruction digest, and only where the snapshot has
+        no score yet (a crash between writing the snapshot and clearing the journal leaves entries it holds).
+        """
         for entry in ProgressJournal.read(self.cfg.log_dir):
-            candidate = state.candidates[entry["c"]] if entry["c"] < len(state.candidates) else None
-            if candidate is None or candidate.status != "pending":
-                continue
-            result = ExampleResult(candidate_id=entry["c"], index=entry["i"], outcome=entry["o"], score=entry["s"],
-                                   error=entry.get("e"), answer=entry.get("a"))
-            self._store(state, candidate, result, entry.get("split", "train"))
+            try:
+                number, index, split = int(entry["c"]), int(entry["i"]), entry.get("split", "train")
+                candidate = state.candidates[number] if 0 <= number < len(state.candidates) else None
+                if candidate is None or entry.get("d") != candidate.md5:
+                    continue
+                scores = candidate.scores if split == "train" else candidate.val_scores
+                if split == "train" and candidate.status != "pending":
+                    continue
+                if split == "val" and scores is None:
+                    scores = candidate.val_scores = [None] * state.val_size
+                if not 0 <= index < len(scores) or scores[index] is not None or entry.get("s") is None:
+                    continue
+                result = ExampleResult(candidate_id=number, index=index, outcome=entry["o"], score=entry["s"],
+                                       error=entry.get("e"), answer=entry.get("a"))
+                usage = {model: ModelUsage.model_validate(value) for model, value in (entry.get("u") or {}).items()}
+            except (KeyError, TypeError, ValueError):
+                continue  # not an entry this version wrote
+            self._store(state, candidate, result, split)
             if "t" in entry:
-                state.anchors[f"{entry.get('split', 'train')}:{entry['i']}"] = entry["t"]
+                state.anchors[f"{split}:{index}"] = entry["t"]
+            state.usage.record("task", usage)
             state.metric_calls += 1
+
+    def _wants_more_steps(self, state: RunState) -> bool:
+        return self.cfg.num_steps > len(state.steps) and state.status != "stopped"
+
+    def _would_reopen(self, state: RunState) -> bool:
+        """Whether a stopped run continues now: its budget allows more than it had."""
+        if state.status != "stopped":
+            return False
+        budget = Budget(self.cfg.max_metric_calls, self.cfg.max_cost, metric_calls=state.metric_calls,
+                        cost_so_far=lambda: state.usage.total_cost)
+        return budget.exhausted() is None
+
+    def _continue_if_more_steps(self) -> None:
+        """A finished run continues from its last step when compiled again with a larger ``num_steps``."""
+        state = self.state
+        if state.selection is None or not self._wants_more_steps(state):
+            return
+        logger.info("The saved run finished after %d steps; num_steps=%d continues it", len(state.steps),
+                    self.cfg.num_steps)
+        state.status, state.selection = "running", None
+        state.config["num_steps"] = self.cfg.num_steps
 
     def _reopen_if_budget_allows(self) -> None:
         """A run stopped by its budget continues when compiled again with a larger one."""
@@ -297,6 +379,8 @@ class OPRORun:
                 logger.info("The OPRO run in %s is complete; returning its result without LM calls", self.cfg.log_dir)
                 return self._result()
             self._announce()
+            if self.cfg.log_dir and not (Path(self.cfg.log_dir) / STATE_FILE).exists():
+                self._save()  # the first snapshot, before anything is paid: step -1's journal entries need it
             self._score_start()
             self._score_pending_of_finished_steps()
             for step in range(len(state.steps) - (0 if self._last_step_complete() else 1), self.cfg.num_steps):
@@ -314,6 +398,8 @@ class OPRORun:
             self.evaluator.close()
             if self.journal is not None:
                 self.journal.close()
+            if self.lock is not None:
+                self.lock.release()
             if self._progress is not None:
                 self._progress.close()
 
@@ -359,7 +445,8 @@ class OPRORun:
             for role, lm in (("optimizer", self.prompt_lm), ("task", self.task_lm)):
                 if token_prices(getattr(lm, "model", "")) is None:
                     warnings.warn(f"max_cost=${cfg.max_cost:g}: the {role} model {lm.model!r} has no known price, so "
-                                  "its calls count as $0 and the cost is reported as unknown", stacklevel=4)
+                                  "its calls count as $0 and the cost is reported as unknown",
+                                  stacklevel=user_stacklevel())
         self._progress = tqdm.tqdm(total=planned, initial=self.state.metric_calls, desc="OPRO evaluations",
                                    unit="eval", disable=None, leave=False)
 
@@ -422,7 +509,7 @@ class OPRORun:
             proposals = propose(self.prompt_lm, meta_prompt, num_candidates=cfg.num_candidates, step=step,
                                 seed=cfg.seed, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
                                 num_threads=self.num_threads, ignores_n=self.ignores_n)
-            state.usage.record("optimizer", proposals.usage)
+            self._record_usage("optimizer", proposals.usage)
             record = Step(step=step, predictor=predictor, exemplar_indices=exemplar_indices, meta_prompt=meta_prompt,
                           temperature=cfg.temperature, failed_calls=proposals.failed_calls, errors=proposals.errors)
             self._triage(record, proposals.replies)
@@ -592,8 +679,7 @@ class OPRORun:
         state = self.state
         candidate = state.candidates[result.candidate_id]
         split = result.split
-        state.usage.record("task", result.usage)
-        state.metric_calls += 1
+        self._record_usage("task", result.usage)
         if self._progress is not None:
             self._progress.update(1)
         example = self._examples(split)[result.index]
@@ -602,14 +688,16 @@ class OPRORun:
             raise FatalLMError(f"the {role} {model!r} failed in a way no retry can fix on "
                                f"{describe_failure(result, example)}. Check its API key (or environment variable), "
                                "permissions, billing and model name.")
+        state.metric_calls += 1  # an evaluation that ran (a fatal one did not)
         if result.outcome == "metric_error":
             raise MetricError(f"the metric failed on {describe_failure(result, example)}. Fix the metric: it must "
                               "return a float in [0, 1], a bool, or dspy.Prediction(score=..., feedback=...).")
         if self.cfg.label_free and candidate.id == START_ID and result.outcome != "infra":
             self._store_anchor(split, result)  # an outage is no trajectory: the start is scored again instead
         if self.journal is not None:
-            entry = {"c": result.candidate_id, "i": result.index, "o": result.outcome, "s": result.score,
-                     "e": result.error, "a": result.answer, "split": split}
+            entry = {"c": result.candidate_id, "d": candidate.md5, "i": result.index, "o": result.outcome,
+                     "s": result.score, "e": result.error, "a": result.answer, "split": split,
+                     "u": {model: usage.model_dump() for model, usage in result.usage.items()}}
             if self.cfg.label_free and candidate.id == START_ID and result.outcome != "infra":
                 entry["t"] = state.anchors[f"{split}:{result.index}"]
             self.journal.append(entry)
@@ -631,6 +719,10 @@ class OPRORun:
             judge = self.judge_lm or self.task_lm
             return "judge model", getattr(judge, "model", repr(judge))
         return "model inside the metric", result.model or "unknown"
+
+    def _record_usage(self, role: Literal["optimizer", "task"], usage: dict[str, ModelUsage]) -> None:
+        self.state.usage.record(role, usage)
+        roll_up(self.caller_tracker, usage)
 
     @staticmethod
     def _store(state: RunState, candidate: Candidate, result: ExampleResult, split: str) -> None:
@@ -726,7 +818,7 @@ class OPRORun:
             return best.score, "training"
         if not self.valset:
             warnings.warn("label-free OPRO without a valset gates on the training examples, which the search "
-                          "already selected on; pass a valset for an unbiased gate", stacklevel=5)
+                          "already selected on; pass a valset for an unbiased gate", stacklevel=user_stacklevel())
             return best.score, "training"
         self._score([self.state.candidates[START_ID]], "val")  # runs the starting program: the validation anchors
         self._score([best], "val")

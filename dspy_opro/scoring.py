@@ -25,15 +25,13 @@ import concurrent.futures as cf
 import inspect
 import logging
 import math
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import dspy
 from dspy.dsp.utils.settings import thread_local_overrides
-from dspy.utils.callback import BaseCallback
-from dspy.utils.usage_tracker import UsageTracker
+from dspy.utils.callback_context import ACTIVE_CALL_ID
 
 from dspy_opro.errors import (  # noqa: F401 - the error types' old home; kept importable from here
     EmptyResponseError,
@@ -46,6 +44,7 @@ from dspy_opro.errors import (  # noqa: F401 - the error types' old home; kept i
 )
 from dspy_opro.exemplars import NO_REFERENCE_NOTE, render_fields
 from dspy_opro.state import ModelUsage
+from dspy_opro.usage import UsageCapture, token_prices
 
 logger = logging.getLogger(__name__)
 
@@ -118,94 +117,6 @@ def exemplar_answer(prediction: Any, score: float | None, feedback: str | None, 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Usage accounting of one job
-
-
-class _CountingTracker(UsageTracker):
-    """DSPy's usage tracker, counting the entries it receives (DSPy skips it on cache hits)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.entries: dict[str, int] = {}
-
-    def add_usage(self, lm: str, usage_entry: dict[str, Any]) -> None:
-        super().add_usage(lm, usage_entry)
-        self.entries[lm] = self.entries.get(lm, 0) + 1
-
-
-class _CallCounter(BaseCallback):
-    """Counts successful LM calls per model, cache hits included."""
-
-    def __init__(self) -> None:
-        self._models: dict[str, str] = {}
-        self.calls: dict[str, int] = {}
-
-    def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
-        self._models[call_id] = getattr(instance, "model", "unknown")
-
-    def on_lm_end(self, call_id: str, outputs: Any, exception: Exception | None = None) -> None:
-        model = self._models.pop(call_id, "unknown")
-        if exception is None:
-            self.calls[model] = self.calls.get(model, 0) + 1
-
-
-_PRICES: dict[str, tuple[float, float] | None] = {}
-_PRICES_LOCK = threading.Lock()
-
-
-def token_prices(model: str) -> tuple[float, float] | None:
-    """USD per prompt and per completion token from LiteLLM's price map, or None when the model has no price."""
-    with _PRICES_LOCK:
-        if model in _PRICES:
-            return _PRICES[model]
-    try:
-        import litellm
-
-        prompt, completion = litellm.cost_per_token(model=model, prompt_tokens=1_000_000, completion_tokens=1_000_000)
-        price: tuple[float, float] | None = (prompt / 1_000_000, completion / 1_000_000)
-        if price == (0.0, 0.0):
-            price = None
-    except Exception:
-        price = None
-    with _PRICES_LOCK:
-        _PRICES[model] = price
-    return price
-
-
-class UsageCapture:
-    """Captures the LM usage of the code run inside :meth:`active`, per model, on this thread only."""
-
-    def __init__(self) -> None:
-        self._tracker = _CountingTracker()
-        self._counter = _CallCounter()
-
-    def active(self, **overrides: Any) -> Any:
-        callbacks = [*dspy.settings.get("callbacks", []), self._counter]
-        return dspy.context(usage_tracker=self._tracker, callbacks=callbacks, **overrides)
-
-    def result(self) -> dict[str, ModelUsage]:
-        totals = self._tracker.get_total_tokens()
-        models = set(totals) | set(self._counter.calls) | set(self._tracker.entries)
-        usage: dict[str, ModelUsage] = {}
-        for model in models:
-            tokens = totals.get(model, {})
-            prompt = int(tokens.get("prompt_tokens") or 0)
-            completion = int(tokens.get("completion_tokens") or 0)
-            paid = self._tracker.entries.get(model, 0)
-            calls = max(self._counter.calls.get(model, 0), paid)
-            price = token_prices(model) if paid else (0.0, 0.0)
-            usage[model] = ModelUsage(
-                calls=calls,
-                cache_hits=calls - paid,
-                prompt_tokens=prompt,
-                completion_tokens=completion,
-                cost=(prompt * price[0] + completion * price[1]) if price else 0.0,
-                unpriced_calls=0 if price else paid,
-            )
-        return usage
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # One evaluation
 
 
@@ -247,6 +158,11 @@ def _describe(exc: BaseException) -> str:
     return describe_exception(exc)
 
 
+# How long a failed evaluation waits for LM calls its program started on other threads and left running: they
+# are paid for, so their usage must be counted (DSPy's parallel executor can raise with its workers still busy).
+SETTLE_SECONDS = 30.0
+
+
 def run_example(job: ExampleJob, *, transport_retries: int = 1) -> ExampleResult:
     """Run the program on one example and score it; never raises (the outcome says what happened).
 
@@ -280,7 +196,7 @@ def run_example(job: ExampleJob, *, transport_retries: int = 1) -> ExampleResult
             score = job.failure_score if kind == "failed" else None
             answer = NO_REFERENCE_NOTE if job.answer_fields is not None else None
             return ExampleResult(job.candidate_id, job.index, kind, score=score, error=_describe(exc),
-                                 answer=answer, usage=capture.result(), split=job.split,
+                                 answer=answer, usage=capture.result(settle=SETTLE_SECONDS), split=job.split,
                                  trace=trace if job.keep_trace and job.metric is None else None,
                                  model=getattr(exc, "model", None))
     if job.metric is None:
@@ -303,22 +219,30 @@ def run_example(job: ExampleJob, *, transport_retries: int = 1) -> ExampleResult
                 logger.debug("Retrying the metric on example %d after %s", job.index, _describe(exc))
                 continue
             outcome: Outcome = kind if kind in ("infra", "fatal") else "metric_error"
-            return ExampleResult(job.candidate_id, job.index, outcome, error=_describe(exc), usage=capture.result(),
-                                 split=job.split, stage="metric", model=getattr(exc, "model", None))
+            return ExampleResult(job.candidate_id, job.index, outcome, error=_describe(exc),
+                                 usage=capture.result(settle=SETTLE_SECONDS), split=job.split, stage="metric",
+                                 model=getattr(exc, "model", None))
     answer = None
     if job.answer_fields is not None:
         shown = None if program_error else prediction
         answer = clean_text(exemplar_answer(shown, score, metric_feedback(value), job.answer_fields))
     return ExampleResult(job.candidate_id, job.index, "failed" if program_error else "ok", score=score,
-                         error=program_error, answer=answer, usage=capture.result(), split=job.split)
+                         error=program_error, answer=answer,
+                         usage=capture.result(settle=SETTLE_SECONDS if program_error else 0.0), split=job.split)
 
 
-def _run_in_context(overrides: dict[str, Any], job: ExampleJob) -> ExampleResult:
-    """Thread entry: adopt the submitting thread's DSPy overrides, then run the job."""
+def _run_in_context(overrides: dict[str, Any], call_id: str | None, job: ExampleJob) -> ExampleResult:
+    """Thread entry: adopt the submitting thread's DSPy overrides and active call id, then run the job.
+
+    The call id is what DSPy's callbacks (and MLflow tracing) take as the parent of the program's run, as DSPy's
+    own parallel executor passes it on, so every evaluation nests under the compile that started it.
+    """
     token = thread_local_overrides.set({**thread_local_overrides.get(), **overrides})
+    call_token = ACTIVE_CALL_ID.set(call_id)
     try:
         return run_example(job)
     finally:
+        ACTIVE_CALL_ID.reset(call_token)
         thread_local_overrides.reset(token)
 
 
@@ -367,7 +291,7 @@ class Evaluator:
             return self._external.submit(run_example, job)
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="opro-eval")
-        return self._pool.submit(_run_in_context, thread_local_overrides.get().copy(), job)
+        return self._pool.submit(_run_in_context, thread_local_overrides.get().copy(), ACTIVE_CALL_ID.get(), job)
 
     def run(self, jobs: Iterable[ExampleJob], budget: Budget, on_result: Callable[[ExampleResult], None]) -> str | None:
         """Run ``jobs`` in order until done or the budget is spent; returns the reason it stopped early, if any.

@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 SCHEMA_VERSION = 1
 STATE_FILE = "state.json"
 PROGRESS_FILE = "progress.jsonl"
+LOCK_FILE = "run.lock"
 
 CandidateStatus = Literal["pending", "scored", "unscored", "skipped"]
 ReplyFate = Literal["new", "duplicate", "empty", "too_long", "contains_ins", "no_instruction"]
@@ -51,6 +52,7 @@ class ModelUsage(BaseModel):
     cache_hits: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the provider served from its prompt cache (billed at a discount)
     cost: float = 0.0
     unpriced_calls: int = 0  # calls made with no price known: the cost is then a lower bound
 
@@ -63,6 +65,7 @@ class ModelUsage(BaseModel):
         self.cache_hits += other.cache_hits
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
+        self.cached_tokens += other.cached_tokens
         self.cost += other.cost
         self.unpriced_calls += other.unpriced_calls
 
@@ -155,10 +158,13 @@ class Selection(BaseModel):
 
 
 class Fingerprint(BaseModel):
+    """Digests of what decides a run's results, and the settings themselves so a refusal can name what changed."""
+
     config: str
     trainset: str
     valset: str
     program: str
+    settings: dict[str, Any] = Field(default_factory=dict)
 
 
 class RunState(BaseModel):
@@ -200,6 +206,15 @@ def digest(value: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
+def _default_file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+_FILE_MODE = _default_file_mode()
+
+
 def save_state(state: RunState, log_dir: str | os.PathLike[str]) -> Path:
     """Write ``state.json`` atomically: a temporary file in the same folder, fsync, rename, fsync the folder."""
     folder = Path(log_dir)
@@ -208,6 +223,7 @@ def save_state(state: RunState, log_dir: str | os.PathLike[str]) -> Path:
     payload = state.model_dump_json()
     fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".tmp", dir=folder)
     try:
+        os.chmod(tmp, _FILE_MODE)  # mkstemp creates 0600; state.json gets the mode of every other file written
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(payload)
             handle.flush()
@@ -233,17 +249,20 @@ def load_state(log_dir: str | os.PathLike[str]) -> RunState | None:
     if not path.exists():
         return None
     try:
-        raw = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except OSError as exc:
         raise StateFileError(f"cannot read {path}: {exc}. Fix its permissions or choose another log_dir.") from exc
     try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise StateFileError(
             f"{path} is corrupt ({exc}); it is not valid JSON. Restore it from a backup, or delete the log_dir "
             "to start a fresh run."
         ) from exc
-    version = data.get("schema_version") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        raise StateFileError(f"{path} is corrupt: it holds JSON but not an OPRO run record. Restore it from a backup, "
+                             "or delete the log_dir to start a fresh run.")
+    version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise StateFileError(
             f"{path} has schema version {version!r}; this dspy-opro reads version {SCHEMA_VERSION}. "
@@ -255,15 +274,33 @@ def load_state(log_dir: str | os.PathLike[str]) -> RunState | None:
         raise StateFileError(f"{path} does not hold a valid OPRO run record: {exc}") from exc
 
 
+def _shown(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 100 else f"{text[:48]}...{text[-48:]}"  # the end of a metric's name is its digest
+
+
 def check_fingerprint(saved: RunState, fingerprint: Fingerprint, log_dir: str | os.PathLike[str]) -> None:
-    """Refuse to resume a run whose configuration, data or program differ from the saved one."""
+    """Refuse to resume a run whose configuration, data or program differ from the saved one.
+
+    The refusal names each differing setting with its saved and its new value.
+    """
     labels = {
         "config": "the optimizer configuration",
         "trainset": "the trainset",
         "valset": "the valset",
-        "program": "the program's structure or instructions",
+        "program": "the program's structure, instructions or demos",
     }
-    differ = [labels[name] for name in labels if getattr(saved.fingerprint, name) != getattr(fingerprint, name)]
+    differ = []
+    for name, label in labels.items():
+        if getattr(saved.fingerprint, name) == getattr(fingerprint, name):
+            continue
+        if name == "config" and saved.fingerprint.settings:
+            old, new = saved.fingerprint.settings, fingerprint.settings
+            changes = [f"{key}: {_shown(old.get(key))} -> {_shown(new.get(key))}"
+                       for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+            if changes:
+                label = f"{label} ({'; '.join(changes)})"
+        differ.append(label)
     if differ:
         raise StateFileError(
             f"{Path(log_dir) / STATE_FILE} belongs to a different run: {', '.join(differ)} differ(s) from the saved "
@@ -271,40 +308,104 @@ def check_fingerprint(saved: RunState, fingerprint: Fingerprint, log_dir: str | 
         )
 
 
+class RunInProgressError(RuntimeError):
+    """Another process (or another compile in this one) is running an OPRO run in the same ``log_dir``."""
+
+
+class LogDirLock:
+    """An OS lock (``fcntl.flock``) on ``log_dir/run.lock``, held for the whole compile: one run per ``log_dir``.
+
+    The OS releases it when the process dies, so a killed run never leaves a stale lock behind.
+    """
+
+    def __init__(self, log_dir: str | os.PathLike[str]):
+        self.path = Path(log_dir) / LOCK_FILE
+        self._handle: Any = None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise :class:`RunInProgressError` at once; an unwritable folder raises ``OSError``."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+b")  # noqa: SIM115 - held for the run
+        try:
+            import fcntl
+        except ImportError:  # no fcntl (Windows): no lock
+            self._handle = handle
+            return
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            raise RunInProgressError(
+                f"an OPRO run is in progress in {self.path.parent} (another process, or another compile in this one, "
+                f"holds {self.path}). Wait for it to finish, or give this compile another log_dir."
+            ) from None
+        self._handle = handle
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()  # closing the file releases the lock
+            self._handle = None
+
+
 class ProgressJournal:
     """Append-only log of finished (candidate, example) evaluations between two snapshots of ``state.json``.
 
-    Lines are flushed as they are written, so a killed process loses none (the OS keeps them). A torn last line,
-    from a crash in the middle of a write, is ignored on reading.
+    Each entry carries the candidate's instruction digest and the evaluation's usage, so a resumed run applies it
+    only to the same instruction and knows what was spent. Lines are flushed as they are written, so a killed
+    process loses none (the OS keeps them). A torn last line, from a crash in the middle of a write (even in the
+    middle of a multi-byte character), is ignored on reading, and the next append starts on a new line. The file is
+    opened at the first append, so a finished run in a read-only ``log_dir`` never needs to write.
     """
 
     def __init__(self, log_dir: str | os.PathLike[str]):
         self.path = Path(log_dir) / PROGRESS_FILE
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - open for the run
+        self._handle: Any = None
+
+    def _open(self) -> Any:
+        if self._handle is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(self.path, "ab")  # noqa: SIM115 - open for the run
+            if handle.tell() > 0:
+                with open(self.path, "rb") as existing:
+                    existing.seek(-1, os.SEEK_END)
+                    if existing.read(1) != b"\n":  # a torn last line: never glue an entry to it
+                        handle.write(b"\n")
+            self._handle = handle
+        return self._handle
 
     def append(self, entry: dict[str, Any]) -> None:
-        self._handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
-        self._handle.flush()
+        handle = self._open()
+        handle.write((json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8"))
+        handle.flush()
 
     def clear(self) -> None:
         """Forget the entries: the snapshot just written holds them."""
-        self._handle.truncate(0)
-        self._handle.seek(0)
-        self._handle.flush()
+        if self._handle is None and not self.path.exists():
+            return
+        handle = self._open()
+        handle.truncate(0)
+        handle.seek(0)
+        handle.flush()
 
     def close(self) -> None:
-        self._handle.close()
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
 
     @staticmethod
     def read(log_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+        """The entries, skipping lines that are not whole JSON objects in UTF-8 (a torn write at a crash)."""
         path = Path(log_dir) / PROGRESS_FILE
-        if not path.exists():
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
             return []
         entries = []
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in data.split(b"\n"):
             try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a torn write at the moment of a crash
+                entry = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                continue
+            if isinstance(entry, dict):
+                entries.append(entry)
         return entries

@@ -49,8 +49,9 @@ def build(log_dir: str, call_log: str | None = None, kill_at: int | None = None,
 
     task_lm, task_engine = make_lm(task)
     opt_lm, opt_engine = make_lm(optimizer)
-    teleprompter = OPROTeleprompter(toy_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=4,
-                                    num_candidates=3, num_threads=num_threads, log_dir=log_dir, **options)
+    options = {"num_steps": 4, "num_candidates": 3, "metric": toy_metric, **options}
+    teleprompter = OPROTeleprompter(options.pop("metric"), prompt_model=opt_lm, task_model=task_lm,
+                                    num_threads=num_threads, log_dir=log_dir, **options)
     return teleprompter, dspy.Predict("question -> answer"), toy_dataset(5), task_engine, opt_engine
 
 

@@ -450,8 +450,8 @@ def test_resume_after_a_fatal_error_repeats_nothing_and_matches_an_uninterrupted
         saved = load_state(tmp_path)
         assert saved.status == "failed" and "LMAuthError" in saved.stop_reason
         assert saved.selection is None and len(saved.steps) == 1
-        # The refused evaluation counts as one (the budget counts every evaluation run) but left no score.
-        assert saved.metric_calls == 10 and saved.candidates[1].status == "pending"
+        # The refused evaluation did not run: metric_calls counts the 9 that did.
+        assert saved.metric_calls == 9 and saved.candidates[1].status == "pending"
         assert sum(s is not None for c in saved.candidates for s in c.scores) == 9
 
         armed[0] = False
@@ -464,7 +464,7 @@ def test_resume_after_a_fatal_error_repeats_nothing_and_matches_an_uninterrupted
     before = {pair_of(r) for r in task_records(first, status=200)}
     after = [pair_of(r) for r in task_records(second, status=200)]
     assert len(before) == 9 and before.isdisjoint(after) and len(set(after)) == len(after)
-    assert len(before) + len(after) == expected_tasks == resumed.opro_run.metric_calls - 1
+    assert len(before) + len(after) == expected_tasks == resumed.opro_run.metric_calls
     assert expected_opro == 2  # one n=3 request per step
     assert len(opro_records(first + second, status=200)) == expected_opro  # step 0 was not asked again
 

@@ -396,7 +396,7 @@ def test_a_full_disk_mid_run_keeps_what_was_saved(endpoint, tmp_path, monkeypatc
 
     def save_until_full(state, log_dir):
         saves[0] += 1
-        if saves[0] > 1:  # the first snapshot (the start scored) fits; then the disk is full
+        if saves[0] > 2:  # the first snapshots (before step -1, then the start scored) fit; then the disk is full
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_save(state, log_dir)
 

@@ -80,7 +80,7 @@ def test_quickstart_starts_afresh_unless_resumed(tmp_path):
     (out_dir / "notes.txt").write_text("mine", encoding="utf-8")
     proc = _run(["--steps", "2", "--candidates", "2", "--train", "6", "--out-dir", str(out_dir), "--resume"])
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "Resuming the OPRO run" in proc.stderr
+    assert "is complete; returning its result without LM calls" in proc.stderr  # resumed, not started afresh
     proc = _run(["--steps", "1", "--candidates", "2", "--train", "6", "--out-dir", str(out_dir)])
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (out_dir / "notes.txt").read_text(encoding="utf-8") == "mine"  # only its own files are removed

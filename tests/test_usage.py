@@ -27,9 +27,11 @@ def test_usage_totals_equal_the_engines_tokens(num_threads):
     tasks, opts = len(task_engine.requests), len(opt_engine.requests)
     assert (tasks, opts) == (6 * 4, 6)
     assert usage.task.model_dump() == {"calls": tasks, "cache_hits": 0, "prompt_tokens": 11 * tasks,
-                                       "completion_tokens": 7 * tasks, "cost": 0.0, "unpriced_calls": tasks}
+                                       "completion_tokens": 7 * tasks, "cached_tokens": 0, "cost": 0.0,
+                                       "unpriced_calls": tasks}
     assert usage.optimizer.model_dump() == {"calls": opts, "cache_hits": 0, "prompt_tokens": 100 * opts,
-                                            "completion_tokens": 20 * opts, "cost": 0.0, "unpriced_calls": opts}
+                                            "completion_tokens": 20 * opts, "cached_tokens": 0, "cost": 0.0,
+                                            "unpriced_calls": opts}
     assert set(usage.by_model) == {"openai/fake", "openai/opt"}
 
 

@@ -150,6 +150,7 @@ class RequestRecord:
     finished: float
     messages: list[dict] = field(default_factory=list)
     path: str = "/v1/chat/completions"
+    cached_tokens: int = 0  # prompt tokens reported as served from the provider's prompt cache
 
     @property
     def total_tokens(self) -> int:
@@ -283,6 +284,9 @@ class SimulatedEndpoint:
         seed: Seed of the simulated model and of the fault draws.
         host: Interface to bind (keep 127.0.0.1).
         port: Port to bind; 0 picks a free one.
+        cached_tokens: Prompt tokens each answer reports as read from a prompt cache
+            (``usage.prompt_tokens_details.cached_tokens``, at most the prompt's tokens), as OpenAI does, so that
+            cached-token discounts can be tested.
 
     Use as a context manager or call ``start()``/``stop()``. Routes: ``POST /v1/chat/completions``,
     ``GET /v1/models``; anything else gets a 404 JSON error.
@@ -300,6 +304,7 @@ class SimulatedEndpoint:
         seed: int = 0,
         host: str = "127.0.0.1",
         port: int = 0,
+        cached_tokens: int = 0,
     ):
         if isinstance(latency, (tuple, list)):
             low, high = (float(x) for x in latency)
@@ -311,6 +316,9 @@ class SimulatedEndpoint:
                 raise ValueError("latency must be non-negative")
             self.latency = float(latency)
         self.faults = faults if faults is not None else FaultConfig()
+        if cached_tokens < 0:
+            raise ValueError("cached_tokens must be non-negative")
+        self.cached_tokens = cached_tokens
         self.seed = seed
         self.host = host
         self._requested_port = port
@@ -517,6 +525,9 @@ class SimulatedEndpoint:
             "completion_tokens": record.completion_tokens,
             "total_tokens": record.prompt_tokens + record.completion_tokens,
         }
+        if self.cached_tokens:
+            record.cached_tokens = min(self.cached_tokens, record.prompt_tokens)
+            usage["prompt_tokens_details"] = {"cached_tokens": record.cached_tokens}
         created, model = int(time.time()), record.model or _MODEL_ID
         if request.get("stream"):
             stream = self._stream_body(response_id, created, model, contents, usage, request)

@@ -1,0 +1,188 @@
+"""Exact accounting against the simulated endpoint's request log: tokens and cost per model under any threading,
+LiteLLM's per-response cost with cached-token discounts, roll-up into ``dspy.track_usage()``, ``max_cost`` as a hard
+budget, and tracing that nests every program run under compile."""
+
+from __future__ import annotations
+
+import dspy
+import litellm
+import pytest
+
+from dspy_opro import OPROTeleprompter
+from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
+
+TASK, OPTIMIZER = "openai/gpt-4o-mini", "openai/gpt-4o"
+
+
+class FanOut(dspy.Module):
+    """A program that runs its two predictors on DSPy's parallel executor (worker threads of its own)."""
+
+    def __init__(self, threads: int = 2):
+        super().__init__()
+        self.draft = dspy.Predict("question -> answer")
+        self.check = dspy.Predict("question -> answer")
+        self.threads = threads
+
+    def forward(self, question):
+        parallel = dspy.Parallel(num_threads=self.threads, disable_progress_bar=True)
+        first, _ = parallel([(self.draft, {"question": question}), (self.check, {"question": question})])
+        return first
+
+
+def served(endpoint, model: str) -> tuple[int, int, int, int]:
+    """(requests, prompt tokens, completion tokens, cached tokens) the endpoint answered for a model."""
+    records = [r for r in endpoint.requests if r.model == model.split("/", 1)[1] and r.status == 200]
+    return (len(records), sum(r.prompt_tokens for r in records), sum(r.completion_tokens for r in records),
+            sum(r.cached_tokens for r in records))
+
+
+def served_cost(records, model: str) -> float:
+    """The bill of these requests at LiteLLM's list prices for the model, cached prompt tokens at the cache rate."""
+    prices = litellm.model_cost[model.split("/", 1)[1]]
+    cache_rate = prices.get("cache_read_input_token_cost", prices["input_cost_per_token"])
+    return sum((r.prompt_tokens - r.cached_tokens) * prices["input_cost_per_token"] + r.cached_tokens * cache_rate
+               + r.completion_tokens * prices["output_cost_per_token"] for r in records if r.status == 200)
+
+
+def compile_fan_out(endpoint, *, num_threads=1, program_threads=2, executor=None, **options):
+    optimizer = OPROTeleprompter(simulated_metric, prompt_model=endpoint.lm(OPTIMIZER, num_retries=0),
+                                 task_model=endpoint.lm(TASK, num_retries=0), num_steps=2, num_candidates=2,
+                                 num_threads=num_threads, executor=executor, **options)
+    return optimizer.compile(FanOut(program_threads), trainset=simulated_dataset(6, seed=1))
+
+
+@pytest.mark.parametrize("num_threads", [1, 8])
+def test_usage_of_a_program_on_threads_equals_what_the_endpoint_served(num_threads):
+    with SimulatedEndpoint(cached_tokens=20) as endpoint:
+        run = compile_fan_out(endpoint, num_threads=num_threads).opro_run
+        task, optimizer = served(endpoint, TASK), served(endpoint, OPTIMIZER)
+        records = endpoint.requests
+    usage = run.usage
+    assert task[0] == 2 * run.metric_calls == 2 * 6 * (1 + len(run.candidates) - 1)  # two requests per run
+    got = usage.by_model[TASK]
+    assert (got.calls, got.prompt_tokens, got.completion_tokens, got.cached_tokens) == task
+    got = usage.by_model[OPTIMIZER]
+    assert (got.calls, got.prompt_tokens, got.completion_tokens, got.cached_tokens) == optimizer
+    assert (usage.task.calls, usage.optimizer.calls) == (task[0], optimizer[0])
+    # LiteLLM's per-response cost: cached prompt tokens at the discounted rate.
+    assert usage.by_model[TASK].cost == pytest.approx(served_cost([r for r in records if r.model == "gpt-4o-mini"],
+                                                                  TASK), rel=1e-9)
+    assert usage.optimizer.cost == pytest.approx(served_cost([r for r in records if r.model == "gpt-4o"], OPTIMIZER),
+                                                 rel=1e-9)
+    assert usage.task.unpriced_calls == usage.optimizer.unpriced_calls == 0
+
+
+def test_track_usage_around_compile_sees_the_runs_usage():
+    with SimulatedEndpoint() as endpoint, dspy.track_usage() as tracker:
+        compile_fan_out(endpoint, num_threads=4)
+        task, optimizer = served(endpoint, TASK), served(endpoint, OPTIMIZER)
+    totals = tracker.get_total_tokens()
+    assert (totals[TASK]["prompt_tokens"], totals[TASK]["completion_tokens"]) == task[1:3]
+    assert (totals[OPTIMIZER]["prompt_tokens"], totals[OPTIMIZER]["completion_tokens"]) == optimizer[1:3]
+    assert task[1] > 0 and optimizer[1] > 0
+
+
+def test_an_unpriced_model_leaves_the_cost_unknown():
+    with SimulatedEndpoint() as endpoint:
+        optimizer = OPROTeleprompter(simulated_metric, prompt_model=endpoint.lm("openai/sim-opt"),
+                                     task_model=endpoint.lm("openai/sim-task"), num_steps=1, num_candidates=2,
+                                     num_threads=2)
+        usage = optimizer.compile(FanOut(), trainset=simulated_dataset(4, seed=1)).opro_run.usage
+        requests = served(endpoint, "openai/sim-task")[0]
+    assert (usage.task.unpriced_calls, usage.task.cost, usage.task.cost_known) == (requests, 0.0, False)
+
+
+def request_cost(record) -> float:
+    return served_cost([record], TASK if record.model == "gpt-4o-mini" else OPTIMIZER)
+
+
+def test_max_cost_is_a_hard_budget_exceeded_only_by_the_evaluation_in_flight():
+    with SimulatedEndpoint() as endpoint:
+        max_cost = 0.0006
+        run = compile_fan_out(endpoint, num_threads=1, max_cost=max_cost).opro_run
+        records = endpoint.requests
+    spent, crossed = 0.0, None
+    for position, record in enumerate(records):
+        spent += request_cost(record)
+        if crossed is None and spent >= max_cost:
+            crossed = position
+    assert run.status == "stopped" and run.stop_reason.startswith(f"max_cost=${max_cost:g} reached")
+    # After the request that reached the budget, at most the rest of the evaluation in flight (two requests each).
+    assert crossed is not None and len(records) - 1 - crossed <= 1
+    assert all(record.model == "gpt-4o-mini" for record in records[crossed + 1:])
+    assert run.usage.total_cost == pytest.approx(spent, rel=1e-9)
+
+
+class Nesting(dspy.utils.callback.BaseCallback):
+    """Records each compile's call id and the parent call id of every module run."""
+
+    def __init__(self):
+        self.compiles: list[str] = []
+        self.parents: list[tuple[str, str | None]] = []
+
+    def on_compile_start(self, call_id, instance, inputs):
+        self.compiles.append(call_id)
+
+    def on_module_start(self, call_id, instance, inputs):
+        from dspy.utils.callback_context import ACTIVE_CALL_ID
+
+        self.parents.append((type(instance).__name__, ACTIVE_CALL_ID.get()))
+
+
+@pytest.mark.parametrize("num_threads", [1, 4])
+def test_callbacks_nest_every_program_run_under_compile(num_threads):
+    nesting = Nesting()
+    with SimulatedEndpoint() as endpoint, dspy.context(callbacks=[nesting]):
+        run = compile_fan_out(endpoint, num_threads=num_threads).opro_run
+    program_runs = [parent for name, parent in nesting.parents if name == "FanOut"]
+    assert len(nesting.compiles) == 1
+    assert program_runs == [nesting.compiles[0]] * run.metric_calls
+
+
+def test_the_unknown_price_warning_points_at_the_callers_line():
+    with SimulatedEndpoint() as endpoint:
+        optimizer = OPROTeleprompter(simulated_metric, prompt_model=endpoint.lm("openai/sim-opt"),
+                                     task_model=endpoint.lm(TASK), num_steps=1, num_candidates=1, max_cost=1.0)
+        with pytest.warns(UserWarning, match="has no known price") as caught:
+            optimizer.compile(dspy.Predict("question -> answer"), trainset=simulated_dataset(3, seed=1))
+    warning = next(w for w in caught if "no known price" in str(w.message))
+    assert (warning.filename, warning.lineno) == (__file__, test_the_unknown_price_warning_points_at_the_callers_line
+                                                  .__code__.co_firstlineno + 5)
+
+
+def test_usage_through_the_dask_executor_equals_what_the_endpoint_served():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, processes=True, threads_per_worker=2, host="127.0.0.1",
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client, \
+            SimulatedEndpoint(cached_tokens=20) as endpoint:
+        run = compile_fan_out(endpoint, num_threads=2, executor=client.get_executor()).opro_run
+        task = served(endpoint, TASK)
+        records = [r for r in endpoint.requests if r.model == "gpt-4o-mini"]
+    got = run.usage.by_model[TASK]
+    assert task[0] == 2 * run.metric_calls
+    assert (got.calls, got.prompt_tokens, got.completion_tokens, got.cached_tokens) == task
+    assert got.cost == pytest.approx(served_cost(records, TASK), rel=1e-9)
+
+
+def test_a_program_that_tracks_its_own_usage_still_counts():
+    class SelfTracking(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.predict = dspy.Predict("question -> answer")
+
+        def forward(self, question):
+            with dspy.track_usage():  # rolls up into OPRO's tracker without calling add_usage
+                return self.predict(question=question)
+
+    with SimulatedEndpoint(cached_tokens=20) as endpoint:
+        optimizer = OPROTeleprompter(simulated_metric, prompt_model=endpoint.lm(OPTIMIZER),
+                                     task_model=endpoint.lm(TASK), num_steps=1, num_candidates=1, num_threads=2)
+        usage = optimizer.compile(SelfTracking(), trainset=simulated_dataset(4, seed=1)).opro_run.usage
+        task = served(endpoint, TASK)
+        records = [r for r in endpoint.requests if r.model == "gpt-4o-mini"]
+    got = usage.by_model[TASK]
+    assert (got.calls, got.prompt_tokens, got.completion_tokens, got.cached_tokens) == task
+    # No per-response cost reaches OPRO here: the price map prices every prompt token at the full rate.
+    prices = litellm.model_cost["gpt-4o-mini"]
+    assert got.cost == pytest.approx(sum(r.prompt_tokens * prices["input_cost_per_token"] + r.completion_tokens
+                                         * prices["output_cost_per_token"] for r in records), rel=1e-9)

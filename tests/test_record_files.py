@@ -1,0 +1,272 @@
+"""The run record on disk: one run per log_dir, damaged files, what resume accepts and refuses, file modes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import dspy
+import pytest
+
+from dspy_opro.__main__ import main as cli
+from dspy_opro.state import PROGRESS_FILE, ProgressJournal, RunInProgressError, StateFileError, load_state
+from tests.fakes import make_lm, toy_dataset, toy_metric, toy_task_reply
+from tests.resume_job import build
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+
+
+def outcome(compiled):
+    run = compiled.opro_run
+    return (compiled.signature.instructions, [(c.instruction, c.status, c.score, c.scores) for c in run.candidates])
+
+
+def compile_job(log_dir, call_log=None, **options):
+    teleprompter, program, trainset, task_engine, opt_engine = build(str(log_dir), call_log, **options)
+    return teleprompter.compile(program, trainset=trainset, valset=options.get("_valset")), task_engine, opt_engine
+
+
+def test_a_second_process_on_the_same_log_dir_is_refused_at_once(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from dspy_opro.state import LogDirLock; lock = LogDirLock(sys.argv[1]);"
+         " lock.acquire(); print('locked', flush=True); sys.stdin.read()", str(tmp_path)],
+        cwd=ROOT, env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        teleprompter, program, trainset, task_engine, opt_engine = build(str(tmp_path))
+        with pytest.raises(RunInProgressError, match=f"an OPRO run is in progress in {tmp_path}"):
+            teleprompter.compile(program, trainset=trainset)
+        assert (len(task_engine.requests), len(opt_engine.requests)) == (0, 0)
+        assert not (tmp_path / "state.json").exists()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    compiled, task_engine, _ = compile_job(tmp_path)  # the lock died with its process
+    assert compiled.opro_run.status == "finished" and len(task_engine.requests) == compiled.opro_run.metric_calls
+
+
+def test_the_journal_ignores_a_torn_multibyte_last_line_and_appends_on_a_new_line(tmp_path):
+    path = tmp_path / PROGRESS_FILE
+    whole = json.dumps({"c": 1, "i": 0, "a": "é"}, ensure_ascii=False).encode("utf-8")
+    path.write_bytes(whole + b"\n" + '{"c": 1, "i": 1, "a": "é'.encode()[:-1])  # cut inside "é"
+    assert ProgressJournal.read(tmp_path) == [{"c": 1, "i": 0, "a": "é"}]
+    journal = ProgressJournal(tmp_path)
+    journal.append({"c": 1, "i": 2})
+    journal.close()
+    assert ProgressJournal.read(tmp_path) == [{"c": 1, "i": 0, "a": "é"}, {"c": 1, "i": 2}]
+    assert path.read_bytes().endswith(b'\xc3\n{"c": 1, "i": 2}\n')
+
+
+def test_a_killed_run_with_a_torn_journal_resumes_to_the_uninterrupted_result(tmp_path):
+    full, full_engine, _ = compile_job(tmp_path / "full")
+    expected = outcome(full)
+    child = subprocess.run([sys.executable, "-m", "tests.resume_job", str(tmp_path / "crash"),
+                            str(tmp_path / "before.log"), "12"], cwd=ROOT, env=ENV, capture_output=True, timeout=300)
+    assert child.returncode == -9, child.stderr
+    journal = tmp_path / "crash" / PROGRESS_FILE
+    assert len(ProgressJournal.read(tmp_path / "crash")) == 1  # step 0's first evaluation
+    journal.write_bytes(journal.read_bytes() + '{"c": 1, "i": 1, "o": "ok", "a": "ü'.encode()[:-1])
+    compiled, task_engine, _ = compile_job(tmp_path / "crash")
+    assert outcome(compiled) == expected
+    assert len(task_engine.requests) == len(full_engine.requests) - 11  # all but the 11 recorded before the kill
+
+
+@pytest.mark.parametrize("damage", [b'{"schema_version": 1, "fingerprint": {"con', b"\xff\xfe{}", b"", b"[]"])
+def test_a_damaged_state_file_is_reported_by_compile_and_by_the_report_command(tmp_path, damage, capsys):
+    compile_job(tmp_path)
+    (tmp_path / "state.json").write_bytes(damage)
+    teleprompter, program, trainset, task_engine, _ = build(str(tmp_path))
+    with pytest.raises(StateFileError, match="state.json is corrupt"):
+        teleprompter.compile(program, trainset=trainset)
+    assert task_engine.requests == []
+    assert cli(["report", str(tmp_path), "--no-plot"]) == 2
+    assert "state.json is corrupt" in capsys.readouterr().err
+
+
+def read_only_command() -> list[str]:
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: cannot make a folder read-only")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
+
+
+def test_a_finished_run_in_a_read_only_log_dir_returns_its_result(tmp_path):
+    log_dir = tmp_path / "run"
+    expected = compile_job(log_dir)[0].signature.instructions
+    for path in [log_dir, *log_dir.rglob("*")]:
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    script = ("import sys; from tests.resume_job import build; t, p, d, task, opt = build(sys.argv[1]); "
+              "c = t.compile(p, trainset=d); print(c.signature.instructions, len(task.requests), "
+              "len(opt.requests), sep='|')")
+    try:
+        child = subprocess.run([*read_only_command(), sys.executable, "-c", script, str(log_dir)], cwd=ROOT, env=ENV,
+                               capture_output=True, text=True, timeout=300)
+        probe = subprocess.run([*read_only_command(), "touch", str(log_dir / "probe")], capture_output=True)
+    finally:
+        for path in [log_dir, *log_dir.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    assert probe.returncode != 0  # the folder really was read-only for the child
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert child.stdout.strip().split("|") == [expected, "0", "0"]
+
+
+def test_state_json_has_the_mode_of_the_other_files(tmp_path):
+    compile_job(tmp_path)
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in tmp_path.iterdir() if path.is_file()}
+    assert modes["state.json"] == modes["report.md"] == modes[PROGRESS_FILE]
+    assert modes["state.json"] == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def test_raising_num_steps_continues_a_finished_run_from_its_last_step(tmp_path):
+    before, after = tmp_path / "before.log", tmp_path / "after.log"
+    first, _, _ = compile_job(tmp_path / "run", str(before), num_steps=2)
+    assert len(first.opro_run.steps) == 2 and first.opro_run.status == "finished"
+    continued, _, opt_engine = compile_job(tmp_path / "run", str(after), num_steps=4)
+    full, full_engine, _ = compile_job(tmp_path / "full", num_steps=4)
+    assert outcome(continued) == outcome(full)
+    assert len(opt_engine.requests) == 2 * 3  # steps 2 and 3 only, one request per candidate
+    pairs_before, pairs_after = before.read_text().splitlines(), after.read_text().splitlines()
+    assert set(pairs_before) & set(pairs_after) == set()
+    assert len(pairs_before) + len(pairs_after) == len(full_engine.requests)
+
+
+def test_the_valset_counts_only_where_it_is_used(tmp_path):
+    task_lm, _ = make_lm(toy_task_reply)
+
+    def run(log_dir, valset, **options):
+        teleprompter, program, trainset, task_engine, _ = build(str(log_dir), **options)
+        compiled = teleprompter.compile(program, trainset=trainset, valset=valset)
+        return compiled, task_engine
+
+    run(tmp_path / "train", toy_dataset(3, prefix="val"))
+    _, task_engine = run(tmp_path / "train", toy_dataset(2, prefix="val"))
+    assert task_engine.requests == []  # select="train" never uses the valset: the saved result
+    run(tmp_path / "validation", toy_dataset(3, prefix="val"), select="validation", top_k=1)
+    with pytest.raises(StateFileError, match="belongs to a different run: the valset"):
+        run(tmp_path / "validation", toy_dataset(2, prefix="val"), select="validation", top_k=1)
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"num_candidates": 2, "temperature": 0.5}, "num_candidates: 3 -> 2; temperature: 1.0 -> 0.5"),
+        ({"metric": lambda example, prediction, trace=None: 1.0}, "metric: \"tests.fakes.toy_metric#"),
+    ],
+)
+def test_a_refusal_names_each_differing_setting_with_old_and_new_value(tmp_path, change, named):
+    compile_job(tmp_path)
+    teleprompter, program, trainset, task_engine, _ = build(str(tmp_path), **change)
+    with pytest.raises(StateFileError, match="belongs to a different run: the optimizer configuration") as refusal:
+        teleprompter.compile(program, trainset=trainset)
+    assert named in str(refusal.value)
+    assert task_engine.requests == []
+
+
+def lambda_metric(constant):
+    return lambda example, prediction, trace=None: toy_metric(example, prediction) * constant
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "same"),
+    [
+        (lambda_metric(1.0), lambda_metric(1.0), True),
+        (lambda_metric(1.0), lambda_metric(0.5), False),  # the same code, another closure value
+        (lambda e, p, t=None: 1.0, lambda e, p, t=None: 0.0, False),  # two lambdas
+    ],
+)
+def test_the_fingerprint_sees_the_metrics_code_and_closure(tmp_path, first, second, same):
+    compile_job(tmp_path, metric=first)
+    teleprompter, program, trainset, task_engine, _ = build(str(tmp_path), metric=second)
+    if same:
+        teleprompter.compile(program, trainset=trainset)
+    else:
+        with pytest.raises(StateFileError, match="metric: "):
+            teleprompter.compile(program, trainset=trainset)
+    assert task_engine.requests == []
+
+
+def test_the_fingerprint_sees_the_demos_content(tmp_path):
+    def program(answer):
+        predict = dspy.Predict("question -> answer")
+        predict.demos = [dspy.Example(question="item 9", answer=answer)]
+        return predict
+
+    teleprompter, _, trainset, _, _ = build(str(tmp_path))
+    teleprompter.compile(program("a9"), trainset=trainset)
+    teleprompter, _, trainset, task_engine, _ = build(str(tmp_path))
+    with pytest.raises(StateFileError, match="the program's structure, instructions or demos"):
+        teleprompter.compile(program("wrong"), trainset=trainset)
+    assert task_engine.requests == []
+
+
+def test_metric_calls_counts_evaluations_that_ran_not_a_fatal_one(tmp_path):
+    from dspy.lm15 import AuthError
+
+    from tests.fakes import instruction_of, scripted_optimizer
+
+    task_lm, task_engine = make_lm(lambda r: AuthError("revoked") if "Revoked" in instruction_of(r)
+                                   else toy_task_reply(r))
+    opt_lm, _ = make_lm(scripted_optimizer(["<INS>Revoked better.</INS>"]))
+    from dspy_opro import OPROTeleprompter
+
+    optimizer = OPROTeleprompter(toy_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=1, num_candidates=1,
+                                 num_threads=1, log_dir=str(tmp_path))
+    with pytest.raises(Exception, match="API key"):
+        optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(5))
+    assert len(task_engine.requests) == 6
+    assert load_state(tmp_path).metric_calls == 5
+
+
+def test_a_journal_entry_for_another_instruction_is_ignored(tmp_path):
+    full, full_engine, _ = compile_job(tmp_path / "full")
+    child = subprocess.run([sys.executable, "-m", "tests.resume_job", str(tmp_path / "crash"),
+                            str(tmp_path / "before.log"), "12"], cwd=ROOT, env=ENV, capture_output=True, timeout=300)
+    assert child.returncode == -9, child.stderr
+    journal = tmp_path / "crash" / PROGRESS_FILE
+    [entry] = ProgressJournal.read(tmp_path / "crash")
+    assert entry["d"] == load_state(tmp_path / "crash").candidates[entry["c"]].md5
+    # The same slot, written by a run of another instruction (another process on this folder, say).
+    journal.write_text(json.dumps({**entry, "d": "0123456789abcdef", "s": 1.0 - entry["s"]}) + "\n")
+    compiled, task_engine, _ = compile_job(tmp_path / "crash")
+    assert outcome(compiled) == outcome(full)
+    assert len(task_engine.requests) == len(full_engine.requests) - 10  # the foreign entry's evaluation runs again
+
+
+class ThresholdMetric:
+    def __init__(self, threshold):
+        self.threshold = threshold
+
+    def __call__(self, example, prediction, trace=None):
+        return toy_metric(example, prediction) >= self.threshold
+
+
+def graded(example, prediction, trace=None, *, weight=1.0):
+    return toy_metric(example, prediction) * weight
+
+
+def test_the_metric_fingerprint_of_callable_objects_and_partials():
+    import functools
+
+    from dspy_opro.programs import callable_fingerprint
+
+    assert callable_fingerprint(ThresholdMetric(1)) == callable_fingerprint(ThresholdMetric(1))
+    assert callable_fingerprint(ThresholdMetric(1)) != callable_fingerprint(ThresholdMetric(0.5))
+    assert callable_fingerprint(functools.partial(graded, weight=1.0)) == callable_fingerprint(
+        functools.partial(graded, weight=1.0))
+    assert callable_fingerprint(functools.partial(graded, weight=1.0)) != callable_fingerprint(
+        functools.partial(graded, weight=0.5))
+    assert callable_fingerprint(graded).startswith("tests.test_record_files.graded#")
+    assert callable_fingerprint(None) is None
