@@ -15,7 +15,7 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Self
+from typing import TypeVar
 
 import numpy as np
 
@@ -25,6 +25,8 @@ __all__ = ["FEATURIZERS", "HASHED_BUCKETS", "CosineRows", "TextFeatures", "check
 
 FEATURIZERS = ("tfidf", "hashed")
 HASHED_BUCKETS = 2**12
+
+_Features = TypeVar("_Features", bound="TextFeatures")
 
 _TOKEN_RE = re.compile(r"\w+")
 # Vocabulary columns densified at a time when building the TF-IDF similarity (bounds memory to n * block).
@@ -238,12 +240,12 @@ class TextFeatures:
 
     @classmethod
     def build(
-        cls,
+        cls: type[_Features],
         texts: Sequence[str],
         *,
         featurizer: str = "tfidf",
         embedder: Callable[[list[str]], np.ndarray] | None = None,
-    ) -> Self:
+    ) -> _Features:
         """Tokenise (or embed) the texts once.
 
         Args:
