@@ -335,7 +335,6 @@ def select_hard_diverse(
     return features.select(difficulties, k, theta=theta, floor=floor)
 
 
-
 class QuestionFeatures(TextFeatures):
     """The examples' features (see :class:`~dspy_opro.similarity.TextFeatures`) and the hard-and-diverse selection.
 

@@ -177,7 +177,6 @@ def similarity_matrix(
     return _tfidf_similarity(texts)
 
 
-
 @dataclass(frozen=True)
 class CosineRows:
     """The cosine similarity of a subset of examples, one row at a time.

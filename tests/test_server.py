@@ -40,7 +40,7 @@ from dspy_opro.testing import (
     simulated_reply,
     solve_question,
 )
-from dspy_opro.testing.simulated import instruction_traits
+from dspy_opro.testing.task_model import instruction_traits
 
 GOOD = "Let's think step by step, carefully, and verify the answer."
 BAD = "Just guess quickly."

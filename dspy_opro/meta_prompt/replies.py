@@ -35,7 +35,6 @@ _TEXT_TAG_CONTENT: Final[re.Pattern[str]] = re.compile(
 _ENDING_PUNCTUATION: Final[tuple[str, ...]] = (".", "?", "!")
 
 
-
 def _slice_between_tags(reply: str, opening: str, closing: str) -> str:
     """The authors' tag slicing: after the first opening tag (or from 0) up to the first closing tag anywhere.
 
