@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import dspy
@@ -40,7 +39,9 @@ from dspy_opro.testing import (
     simulated_reply,
     solve_question,
 )
+from dspy_opro.testing.hashing import stable_unit
 from dspy_opro.testing.task_model import instruction_traits
+from dspy_opro.testing.transport import RequestHandler
 
 GOOD = "Let's think step by step, carefully, and verify the answer."
 BAD = "Just guess quickly."
@@ -471,23 +472,77 @@ def test_random_faults_are_deterministic_and_scoped():
         assert ep.requests[0].index == 0
 
 
-def test_keep_alive_requests_do_not_stall(endpoint):
+class _CountingSocket:
+    """The server side of a connection, counting the writes of each answer (``sendall``/``send`` calls)."""
+
+    def __init__(self, sock: socket.socket, writes: list[int]):
+        self._sock, self._writes = sock, writes
+
+    def sendall(self, data, *args):
+        self._writes.append(len(data))
+        return self._sock.sendall(data, *args)
+
+    def send(self, data, *args):
+        self._writes.append(len(data))
+        return self._sock.send(data, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+class _CountingWriter:
+    """The handler's ``wfile``, counting writes too, so that an answer written through it would show up."""
+
+    def __init__(self, wfile, writes: list[int]):
+        self._wfile, self._writes = wfile, writes
+
+    def write(self, data):
+        self._writes.append(len(data))
+        return self._wfile.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._wfile, name)
+
+
+def test_keep_alive_answers_are_one_write_each_on_a_nodelay_socket(endpoint, monkeypatch):
+    # An answer split over several writes stalls 40 ms on delayed ACKs unless TCP_NODELAY is set: assert both
+    # causes are absent (one write per answer, TCP_NODELAY on the accepted socket), not a duration.
+    writes: list[int] = []
+    nodelay: list[int] = []
+    original_setup = RequestHandler.setup
+
+    def counting_setup(handler):
+        original_setup(handler)
+        nodelay.append(handler.connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        handler.connection = _CountingSocket(handler.connection, writes)
+        handler.wfile = _CountingWriter(handler.wfile, writes)
+
+    monkeypatch.setattr(RequestHandler, "setup", counting_setup)
     conn = http.client.HTTPConnection("127.0.0.1", endpoint.port, timeout=10)
     payload = {"model": "m", "messages": [{"role": "user", "content": "Hello there"}]}
-    post(endpoint.port, payload, conn=conn)
-    start = time.perf_counter()
-    for _ in range(50):
-        response, _ = post(endpoint.port, payload, conn=conn)
-        assert response.status == 200
-    assert time.perf_counter() - start < 1.0  # a 40 ms delayed-ACK stall per request would take 2 s
+    bodies = [post(endpoint.port, payload, conn=conn)[1] for _ in range(51)]
+    assert len(writes) == 51 and all(size > len(body) for size, body in zip(writes, bodies, strict=True))
+    assert len(nodelay) == 1 and nodelay[0] != 0  # one keep-alive connection, TCP_NODELAY set
     assert endpoint.count() == 51
 
 
-def test_latency_is_applied():
-    with SimulatedEndpoint(latency=(0.05, 0.1)) as ep:
+def test_latency_is_drawn_per_request_and_waited(monkeypatch):
+    waits: list[float] = []
+    original_wait = SimulatedEndpoint._wait
+
+    def recording_wait(self, seconds):
+        waits.append(seconds)
+        return original_wait(self, seconds)
+
+    monkeypatch.setattr(SimulatedEndpoint, "_wait", recording_wait)
+    with SimulatedEndpoint(latency=(0.01, 0.02), seed=5) as ep:
+        for _ in range(3):
+            post(ep.port, {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert waits == [0.01 + 0.01 * stable_unit("latency", 5, index) for index in range(3)]
+    assert all(0.01 <= wait <= 0.02 for wait in waits) and len(set(waits)) == 3
+    with SimulatedEndpoint(latency=0.005) as ep:
         post(ep.port, {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
-        (record,) = ep.requests
-    assert 0.05 <= record.finished - record.started < 0.5
+    assert waits[3:] == [0.005]
 
 
 def test_start_stop_leaks_no_threads_and_frees_the_port():
@@ -517,8 +572,16 @@ def test_start_stop_leaks_no_threads_and_frees_the_port():
 
 
 def test_stop_interrupts_a_hanging_request():
-    ep = SimulatedEndpoint(faults=FaultConfig(hang=1.0, hang_seconds=30)).start()
+    ep = SimulatedEndpoint(faults=FaultConfig(hang=1.0, hang_seconds=600)).start()
     errors = []
+    arrived = threading.Event()
+    original_wait = ep._wait
+
+    def signalling_wait(seconds):
+        arrived.set()
+        return original_wait(seconds)
+
+    ep._wait = signalling_wait
 
     def client():
         try:
@@ -528,13 +591,13 @@ def test_stop_interrupts_a_hanging_request():
 
     thread = threading.Thread(target=client)
     thread.start()
-    deadline = time.monotonic() + 5
-    while not ep.requests and time.monotonic() < deadline:
-        time.sleep(0.01)
-    start = time.monotonic()
+    assert arrived.wait(60)  # the request is in its 600-second hang
     ep.stop()
-    thread.join(5)
-    assert time.monotonic() - start < 2.0 and not thread.is_alive() and errors
+    # stop() joins the connection threads, so the hang has ended before it returns; the client then sees the
+    # connection closed, far sooner than the 600 seconds the hang would last.
+    assert not [t for t in threading.enumerate() if t.name.startswith("sim-endpoint")]
+    thread.join(60)
+    assert not thread.is_alive() and len(errors) == 1
     (record,) = ep.requests
     assert record.status == 0 and record.fault == "hang"
 
