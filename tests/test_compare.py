@@ -39,6 +39,7 @@ def test_budget_plans_fit_the_budget(compare):
     assert compare.mipro_plan(400, 80)["minibatch"] and compare.mipro_plan(400, 80)["evaluations"] <= 400
 
 
+@pytest.mark.slow  # eight compiles, one per contender
 def test_comparison_offline(compare, tmp_path):
     pytest.importorskip("optuna", reason="MIPROv2 needs the optional optuna dependency")
     data = simulated_dataset(16)
