@@ -580,6 +580,7 @@ def test_latency_is_drawn_per_request_and_waited(monkeypatch):
     assert waits[3:] == [0.005]
 
 
+@pytest.mark.slow  # starts 21 endpoints
 def test_start_stop_leaks_no_threads_and_frees_the_port():
     baseline = threading.active_count()
     connections, port = [], None
