@@ -46,24 +46,29 @@ from __future__ import annotations
 
 import logging
 import math
-import re
-import zlib
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from dspy_opro.checks import is_bool, require_number
+from dspy_opro.similarity import FEATURIZERS, HASHED_BUCKETS, TextFeatures, check_featurizer, similarity_matrix
+
+__all__ = [
+    "FEATURIZERS",
+    "HASHED_BUCKETS",
+    "DPPSelection",
+    "QuestionFeatures",
+    "greedy_dpp_map",
+    "quality_weights",
+    "select_hard_diverse",
+    "similarity_matrix",
+]
+
 logger = logging.getLogger(__name__)
 
-FEATURIZERS = ("tfidf", "hashed")
-HASHED_BUCKETS = 2**12
-
-_TOKEN_RE = re.compile(r"\w+")
 # Relative tolerance under which two gains count as tied (so the lower index wins despite rounding noise).
 _TIE_RTOL = 1e-12
-# Vocabulary columns densified at a time when building the TF-IDF similarity (bounds memory to n * block).
-_COLUMN_BLOCK = 4096
 
 
 @dataclass(frozen=True)
@@ -86,33 +91,22 @@ class DPPSelection:
 
 
 def _check_theta(theta: float) -> None:
-    if not isinstance(theta, (int, float)) or math.isnan(theta) or not 0.0 <= theta <= 1.0:
-        raise ValueError(
-            f"theta must be a number in [0, 1] (0 = diversity only, 1 = top-k by difficulty), got {theta!r}"
-        )
+    require_number("theta", theta, low=0, high=1, meaning=" (0 = diversity only, 1 = top-k by difficulty)")
 
 
 def _check_floor(floor: float) -> None:
-    if not isinstance(floor, (int, float)) or math.isnan(floor) or not 0.0 < floor <= 1.0:
-        raise ValueError(f"floor must be a number in (0, 1] (for example 0.05), got {floor!r}")
+    require_number("floor", floor, low=0, high=1, low_open=True, meaning=" (for example 0.05)")
 
 
 def _check_k(k: int) -> None:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+    # Not require_int: callers match this wording, which says what k means.
+    if is_bool(k) or not isinstance(k, (int, np.integer)) or k < 0:
         raise ValueError(f"k must be a non-negative integer (the number of exemplars to pick), got {k!r}")
-
-
-def _check_featurizer(featurizer: str) -> None:
-    if featurizer not in FEATURIZERS:
-        raise ValueError(
-            f"featurizer must be one of {', '.join(repr(f) for f in FEATURIZERS)} "
-            f"(or pass embedder=... for your own embeddings), got {featurizer!r}"
-        )
 
 
 def _difficulty_array(difficulties: Sequence[float] | None, n: int) -> np.ndarray:
     """Validate difficulties against ``n`` and return them as floats (all ones when ``None``)."""
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+    if is_bool(n) or not isinstance(n, (int, np.integer)) or n < 0:
         raise ValueError(f"n must be a non-negative integer (the number of examples), got {n!r}")
     if difficulties is None:
         return np.ones(n, dtype=float)
@@ -135,150 +129,6 @@ def _difficulty_array(difficulties: Sequence[float] | None, n: int) -> np.ndarra
     return d
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Similarity
-
-
-def _tokens(text: str) -> list[str]:
-    return _TOKEN_RE.findall(text.lower())
-
-
-def _finalize_similarity(S: np.ndarray, zero_rows: np.ndarray) -> np.ndarray:
-    """Symmetrise, clip to [-1, 1], isolate all-zero rows and set the diagonal to exactly 1."""
-    S = (S + S.T) / 2.0
-    np.clip(S, -1.0, 1.0, out=S)
-    S[zero_rows, :] = 0.0
-    S[:, zero_rows] = 0.0
-    np.fill_diagonal(S, 1.0)
-    return S
-
-
-def _cosine_from_entries(n: int, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, width: int) -> np.ndarray:
-    """Cosine similarity of the rows of a sparse ``n x width`` matrix given by unique ``(row, col, val)`` entries."""
-    norms = np.sqrt(np.bincount(rows, weights=vals * vals, minlength=n)) if rows.size else np.zeros(n)
-    zero_rows = norms == 0.0
-    S = np.zeros((n, n), dtype=float)
-    if rows.size:
-        vals = vals / norms[rows]
-        order = np.argsort(cols, kind="stable")
-        rows, cols, vals = rows[order], cols[order], vals[order]
-        for start in range(0, width, _COLUMN_BLOCK):
-            stop = min(start + _COLUMN_BLOCK, width)
-            lo, hi = np.searchsorted(cols, [start, stop])
-            if lo == hi:
-                continue
-            block = np.zeros((n, stop - start), dtype=float)
-            block[rows[lo:hi], cols[lo:hi] - start] = vals[lo:hi]
-            S += block @ block.T
-    return _finalize_similarity(S, zero_rows)
-
-
-def _tfidf_similarity(texts: Sequence[str]) -> np.ndarray:
-    n = len(texts)
-    counts = [Counter(_tokens(t)) for t in texts]
-    vocab = {w: j for j, w in enumerate(sorted(set().union(*counts)))} if counts else {}
-    df = np.zeros(len(vocab), dtype=float)
-    rows: list[int] = []
-    cols: list[int] = []
-    tf: list[float] = []
-    for i, c in enumerate(counts):
-        for w, cnt in c.items():
-            j = vocab[w]
-            df[j] += 1.0
-            rows.append(i)
-            cols.append(j)
-            tf.append(float(cnt))
-    idf = np.log((1.0 + n) / (1.0 + df)) + 1.0
-    col_arr = np.asarray(cols, dtype=np.int64)
-    vals = np.asarray(tf, dtype=float) * idf[col_arr] if col_arr.size else np.zeros(0)
-    return _cosine_from_entries(n, np.asarray(rows, dtype=np.int64), col_arr, vals, len(vocab))
-
-
-def _hashed_bucket(token: str) -> int:
-    return zlib.crc32(token.encode("utf-8")) % HASHED_BUCKETS
-
-
-def _hashed_similarity(texts: Sequence[str]) -> np.ndarray:
-    n = len(texts)
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    for i, t in enumerate(texts):
-        buckets = Counter(_hashed_bucket(w) for w in _tokens(t))
-        for b, cnt in buckets.items():
-            rows.append(i)
-            cols.append(b)
-            vals.append(float(cnt))
-    return _cosine_from_entries(
-        n,
-        np.asarray(rows, dtype=np.int64),
-        np.asarray(cols, dtype=np.int64),
-        np.asarray(vals, dtype=float),
-        HASHED_BUCKETS,
-    )
-
-
-def _embeddings(texts: Sequence[str], embedder: Callable[[list[str]], np.ndarray]) -> np.ndarray:
-    """The embedder's ``(n, dim)`` array for the texts, checked."""
-    n = len(texts)
-    try:
-        E = np.asarray(embedder(list(texts)), dtype=float)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"embedder must return a numeric array of shape (len(texts), dim): {exc}") from exc
-    if E.ndim != 2 or E.shape[0] != n or E.shape[1] < 1:
-        raise ValueError(
-            f"embedder returned shape {E.shape} for {n} texts; it must return one row per text, "
-            f"i.e. an array of shape ({n}, dim) with dim >= 1"
-        )
-    if not np.all(np.isfinite(E)):
-        raise ValueError("embedder returned NaN or infinite values; make it return finite embeddings")
-    return E
-
-
-def _embedder_similarity(texts: Sequence[str], embedder: Callable[[list[str]], np.ndarray]) -> np.ndarray:
-    n = len(texts)
-    if n == 0:
-        return np.zeros((0, 0), dtype=float)
-    E = _embeddings(texts, embedder)
-    norms = np.linalg.norm(E, axis=1)
-    zero_rows = norms == 0.0
-    En = E / np.where(zero_rows, 1.0, norms)[:, None]
-    return _finalize_similarity(En @ En.T, zero_rows)
-
-
-def similarity_matrix(
-    texts: Sequence[str],
-    *,
-    featurizer: str = "tfidf",
-    embedder: Callable[[list[str]], np.ndarray] | None = None,
-) -> np.ndarray:
-    """Cosine similarity of the texts, symmetric, in ``[-1, 1]`` and with a unit diagonal.
-
-    Args:
-        texts: The examples' input texts.
-        featurizer: ``"tfidf"`` (lowercase ``\\w+`` tokens, raw term counts times the smooth idf
-            ``log((1 + n) / (1 + df)) + 1``) or ``"hashed"`` (a bag of words hashed with CRC-32 into
-            ``2**12`` buckets). Ignored when ``embedder`` is given.
-        embedder: Optional callable mapping the list of texts to an ``(n, dim)`` array; its rows are
-            L2-normalised here.
-
-    Returns:
-        An ``(n, n)`` float array. A text without features (for example an empty one) is similar only to
-        itself: its row and column are zero except for the 1 on the diagonal.
-
-    Raises:
-        ValueError: On an unknown featurizer, or an embedder returning the wrong shape or non-finite values.
-    """
-    _check_featurizer(featurizer)
-    texts = [str(t) for t in texts]
-    if embedder is not None:
-        return _embedder_similarity(texts, embedder)
-    if featurizer == "hashed":
-        return _hashed_similarity(texts)
-    return _tfidf_similarity(texts)
-
-
-# --------------------------------------------------------------------------------------------------------------
 # Quality
 
 
@@ -371,8 +221,7 @@ def greedy_dpp_map(L: np.ndarray, k: int, *, eps: float = 1e-10) -> DPPSelection
 
 
 def _check_eps(eps: float) -> None:
-    if not isinstance(eps, (int, float)) or math.isnan(eps) or eps < 0.0:
-        raise ValueError(f"eps must be a non-negative number (for example 1e-10), got {eps!r}")
+    require_number("eps", eps, low=0, high=math.inf, meaning=" (for example 1e-10)")
 
 
 def _greedy_on_rows(diag: np.ndarray, row: Callable[[int], np.ndarray], k: int, eps: float) -> DPPSelection:
@@ -479,152 +328,21 @@ def select_hard_diverse(
     _check_k(k)
     _check_theta(theta)
     _check_floor(floor)
-    _check_featurizer(featurizer)
+    check_featurizer(featurizer)
     texts = list(texts)
     _difficulty_array(difficulties, len(texts))  # a bad difficulty fails before any embedder call
     features = QuestionFeatures.build(texts, featurizer=featurizer, embedder=embedder)
     return features.select(difficulties, k, theta=theta, floor=floor)
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Features computed once, kernel rows on demand
+class QuestionFeatures(TextFeatures):
+    """The examples' features (see :class:`~dspy_opro.similarity.TextFeatures`) and the hard-and-diverse selection.
 
-
-@dataclass(frozen=True)
-class _CosineRows:
-    """The cosine similarity of a subset of examples, one row at a time.
-
-    Sparse features are stored as entries ``(row, col, val)`` sorted by row then column, with rows L2-normalised;
-    dense features (an embedder's) as a normalised matrix. Row ``j`` is the dot product of example ``j`` with
-    every example, clipped to ``[-1, 1]``, with a 1 on the diagonal; an example without features is similar only to
-    itself. Dot products sum the shared features in column order, so ``row(i)[j] == row(j)[i]`` exactly for
-    sparse features.
-    """
-
-    n: int
-    rows: np.ndarray | None = None
-    cols: np.ndarray | None = None
-    vals: np.ndarray | None = None
-    width: int = 0
-    dense: np.ndarray | None = None
-
-    def row(self, j: int) -> np.ndarray:
-        if self.dense is not None:
-            out = self.dense @ self.dense[j]
-        else:
-            lo, hi = np.searchsorted(self.rows, [j, j + 1])
-            pick = np.zeros(self.width, dtype=float)
-            pick[self.cols[lo:hi]] = self.vals[lo:hi]
-            out = np.bincount(self.rows, weights=self.vals * pick[self.cols], minlength=self.n)
-        np.clip(out, -1.0, 1.0, out=out)
-        out[j] = 1.0
-        return out
-
-
-class QuestionFeatures:
-    """The examples' features, computed once per compile and reused by every hard-and-diverse selection.
-
-    Tokenising (or embedding) every training question is the per-example work; this object does it once. Each
-    :meth:`select` then weighs the features of the examples it may choose from (TF-IDF's idf is computed over
-    that subset, as :func:`select_hard_diverse` computes it over its texts) and runs the greedy DPP MAP asking
-    only for the kernel rows of its picks: memory grows with ``n * k``, never with ``n * n``. The weighted
-    features of the last subset are kept, so consecutive steps choosing from the same examples reuse them.
+    Each :meth:`select` weighs the features of the examples it may choose from and runs the greedy DPP MAP asking
+    only for the kernel rows of its picks: memory grows with ``n * k``, never with ``n * n``.
 
     Build it with :meth:`build`.
     """
-
-    def __init__(
-        self,
-        *,
-        n: int,
-        featurizer: str,
-        rows: np.ndarray | None = None,
-        cols: np.ndarray | None = None,
-        counts: np.ndarray | None = None,
-        width: int = 0,
-        embeddings: np.ndarray | None = None,
-    ) -> None:
-        self.n = n
-        self.featurizer = featurizer
-        self._rows, self._cols, self._counts, self._width = rows, cols, counts, width
-        self._embeddings = embeddings
-        self._cached: tuple[tuple[int, ...], _CosineRows] | None = None
-
-    @classmethod
-    def build(
-        cls,
-        texts: Sequence[str],
-        *,
-        featurizer: str = "tfidf",
-        embedder: Callable[[list[str]], np.ndarray] | None = None,
-    ) -> QuestionFeatures:
-        """Tokenise (or embed) the texts once.
-
-        Args:
-            texts: Every example's input text, in training-set order.
-            featurizer: ``"tfidf"`` or ``"hashed"`` (see :func:`similarity_matrix`); ignored with ``embedder``.
-            embedder: Optional callable mapping the list of texts to an ``(n, dim)`` array; called once, here.
-
-        Returns:
-            The features.
-
-        Raises:
-            ValueError: On an unknown featurizer, or an embedder returning the wrong shape or non-finite values.
-        """
-        _check_featurizer(featurizer)
-        texts = [str(t) for t in texts]
-        n = len(texts)
-        if embedder is not None:
-            embeddings = _embeddings(texts, embedder) if n else np.zeros((0, 1), dtype=float)
-            return cls(n=n, featurizer="embedder", embeddings=embeddings)
-        rows: list[int] = []
-        cols: list[int] = []
-        counts: list[float] = []
-        if featurizer == "hashed":
-            width = HASHED_BUCKETS
-            per_text = [Counter(_hashed_bucket(w) for w in _tokens(t)) for t in texts]
-        else:
-            token_counts = [Counter(_tokens(t)) for t in texts]
-            vocab = {w: j for j, w in enumerate(sorted(set().union(*token_counts)))} if token_counts else {}
-            width = len(vocab)
-            per_text = [Counter({vocab[w]: c for w, c in tc.items()}) for tc in token_counts]
-        for i, c in enumerate(per_text):
-            for col in sorted(c):
-                rows.append(i)
-                cols.append(col)
-                counts.append(float(c[col]))
-        return cls(
-            n=n,
-            featurizer=featurizer,
-            rows=np.asarray(rows, dtype=np.int64),
-            cols=np.asarray(cols, dtype=np.int64),
-            counts=np.asarray(counts, dtype=float),
-            width=width,
-        )
-
-    def _similarity(self, subset: tuple[int, ...]) -> _CosineRows:
-        if self._cached is not None and self._cached[0] == subset:
-            return self._cached[1]
-        m = len(subset)
-        if self._embeddings is not None:
-            sub = self._embeddings[list(subset)]
-            norms = np.linalg.norm(sub, axis=1)
-            similarity = _CosineRows(n=m, dense=sub / np.where(norms == 0.0, 1.0, norms)[:, None])
-        else:
-            local = np.full(self.n, -1, dtype=np.int64)
-            local[list(subset)] = np.arange(m)
-            keep = local[self._rows] >= 0
-            rows, cols, vals = local[self._rows[keep]], self._cols[keep], self._counts[keep]
-            order = np.lexsort((cols, rows))  # rows in subset order, columns ascending within a row
-            rows, cols, vals = rows[order], cols[order], vals[order]
-            if self.featurizer == "tfidf" and vals.size:
-                df = np.bincount(cols, minlength=self._width).astype(float)  # one entry per (example, token)
-                vals = vals * (np.log((1.0 + m) / (1.0 + df)) + 1.0)[cols]
-            norms = np.sqrt(np.bincount(rows, weights=vals * vals, minlength=m)) if rows.size else np.zeros(m)
-            vals = vals / norms[rows] if rows.size else vals
-            similarity = _CosineRows(n=m, rows=rows, cols=cols, vals=vals, width=self._width)
-        self._cached = (subset, similarity)
-        return similarity
 
     def select(
         self,
@@ -658,7 +376,7 @@ class QuestionFeatures:
             raise ValueError(f"subset must hold distinct example indices in [0, {self.n}), got {list(chosen)!r}")
         m = len(chosen)
         d = _difficulty_array(difficulties, m)
-        similarity = self._similarity(chosen)
+        similarity = self.similarity_rows(chosen)
         if theta == 1.0:
             order = sorted(range(m), key=lambda i: (-d[i], i))[: min(int(k), m)]
             gains = _sequence_gains(np.ones(m), similarity.row, order, 1e-10)

@@ -10,6 +10,8 @@ from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_me
 
 distributed = pytest.importorskip("distributed")
 
+pytestmark = pytest.mark.slow  # starts a Dask cluster of worker processes
+
 
 def lms(endpoint):
     connection = {"api_base": endpoint.base_url, "api_key": "x", "engine": "litellm", "cache": False,

@@ -459,7 +459,7 @@ def test_similarity_rows_match_the_matrix_and_are_exactly_symmetric():
     texts = _random_texts(rng, 40) + ["", "apple apple"]
     for featurizer in ("tfidf", "hashed"):
         features = QuestionFeatures.build(texts, featurizer=featurizer)
-        rows = np.array([features._similarity(tuple(range(42))).row(j) for j in range(42)])
+        rows = np.array([features.similarity_rows(tuple(range(42))).row(j) for j in range(42)])
         np.testing.assert_array_equal(rows, rows.T)
         np.testing.assert_allclose(rows, similarity_matrix(texts, featurizer=featurizer), rtol=0, atol=1e-12)
 
@@ -491,8 +491,8 @@ def test_features_are_built_once_and_reused_across_steps():
         assert features.select(None, 3, subset=list(range(20))) == first
     features.select(None, 3, subset=list(range(2, 20)))
     assert calls == [20]  # embedded once for the whole compile
-    cached = features._similarity(tuple(range(2, 20)))
-    assert features._similarity(tuple(range(2, 20))) is cached  # the same subset reuses its weighted features
+    cached = features.similarity_rows(tuple(range(2, 20)))
+    assert features.similarity_rows(tuple(range(2, 20))) is cached  # the same subset reuses its weighted features
 
 
 def test_memory_grows_with_n_times_k_not_n_squared():

@@ -245,6 +245,7 @@ def test_inline_python_blocks_run(tmp_path, monkeypatch):
 # -------------------------------------------------------------------------------------------------- the snippets
 
 
+@pytest.mark.slow  # one simulated endpoint per snippet
 @pytest.mark.parametrize("snippet", SNIPPET_FILES, ids=[path.stem for path in SNIPPET_FILES])
 def test_snippet_runs_offline(snippet, capsys, monkeypatch, tmp_path):
     """Each snippet runs as a script (offline: simulated endpoint), and matches its recorded output if it has one."""

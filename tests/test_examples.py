@@ -20,6 +20,8 @@ from dspy_opro.programs import split_instructions
 from dspy_opro.state import load_state
 from dspy_opro.testing import arithmetic_tool
 
+pytestmark = pytest.mark.slow  # each example compiles through its own simulated endpoint
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 START = "Given the fields `question`, produce the fields `answer`."
 

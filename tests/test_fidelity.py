@@ -21,8 +21,7 @@ from dspy_opro import OPROTeleprompter
 from dspy_opro.exemplars import draw_exemplar_indices
 from dspy_opro.meta_prompt import instruction_md5
 from dspy_opro.proposer import propose
-from dspy_opro.testing import SimulatedEndpoint
-from dspy_opro.testing.simulated import simulated_dataset, simulated_metric
+from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
 from dspy_opro.triage import triage_replies
 from tests.fakes import chat_reply, field_value, instruction_of, make_lm, scripted_optimizer, user_text
 

@@ -16,7 +16,6 @@ from dspy_opro.meta_prompt import (
     extract_instruction,
     format_score,
     gen_meta_prompt,
-    instruction_md5,
     polish_sentence,
     validate_meta_prompt_options,
 )
@@ -296,10 +295,3 @@ def test_polish_has_no_second_strip_and_adds_period_only_on_request() -> None:
     assert polish_sentence("think", add_ending_punc=True) == "Think."
     assert polish_sentence("****", add_ending_punc=True) == "."  # the authors check emptiness before removing **
     assert polish_sentence("   ", add_ending_punc=True) == ""
-
-
-def test_instruction_md5() -> None:
-    assert instruction_md5("") == "d41d8cd98f00b204e9800998ecf8427e"
-    assert instruction_md5("Let's solve the problem.") == "c392b186073a216b8dce2fae344a97d6"
-    digest = instruction_md5("Réfléchis étape par étape.")
-    assert len(digest) == 32 and digest != instruction_md5("Refléchis étape par étape.")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections import Counter
 import sys
+from collections import Counter
 from pathlib import Path
 
 import litellm

@@ -17,116 +17,24 @@ Command line: ``python -m dspy_opro.testing.server --port 8765 --latency 0.05`` 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
-import signal
-import socket
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from dspy_opro.testing.simulated import _unit, simulated_reply
+from dspy_opro.testing.faults import FAULT_KINDS, REFUSALS, FaultConfig
+from dspy_opro.testing.hashing import stable_unit
+from dspy_opro.testing.simulated import simulated_reply
+from dspy_opro.testing.transport import RequestHandler, ThreadedServer
 
 __all__ = ["FAULT_KINDS", "FaultConfig", "RequestRecord", "SimulatedEndpoint", "main"]
 
-FAULT_KINDS = ("rate_limit", "server_error", "malformed", "empty_choices", "hang", "auth_error", "permission_denied",
-               "model_not_found", "one_choice", "odd_text", "invalid_utf8")
-# Refusals no retry can fix, with OpenAI's status and error body: (status, message, type, code).
-_REFUSALS = {
-    "auth_error": (401, "Incorrect API key provided. You can find your API key at "
-                   "https://platform.openai.com/account/api-keys.", "invalid_request_error", "invalid_api_key"),
-    "permission_denied": (403, "You are not allowed to use this model (simulated).", "invalid_request_error",
-                          "model_not_allowed"),
-    "model_not_found": (404, "The model does not exist or you do not have access to it (simulated).",
-                        "invalid_request_error", "model_not_found"),
-}
 _MODEL_ID = "sim-model"
 _ODD_BYTES_MARK = "@@not-utf8@@"
-
-
-@dataclass
-class FaultConfig:
-    """Which requests fail, and how.
-
-    The shares ``rate_limit``, ``server_error``, ``hang``, ``malformed`` and ``empty_choices`` are drawn with one
-    deterministic uniform number per request (from the endpoint's seed and the request index), so they are
-    exclusive and their sum must not exceed 1.
-
-    Attributes:
-        rate_limit: Share of requests answered 429 with ``Retry-After: <retry_after>`` and OpenAI's
-            ``rate_limit_exceeded`` error body.
-        retry_after: Seconds sent in the Retry-After header.
-        server_error: Share of requests answered 500.
-        hang: Share of requests that wait ``hang_seconds`` before answering normally. The wait ends at once when
-            the endpoint stops; the connection is then closed without an answer.
-        hang_seconds: How long a hanging request waits.
-        malformed: Share of 200 answers whose body is not valid JSON.
-        empty_choices: Share of 200 answers with ``"choices": []``.
-        auth_error: Answer every request 401 with OpenAI's ``invalid_api_key`` error body.
-        only_kinds: Apply faults (random and ``fail_requests``) only to requests of these kinds
-            (``task``, ``opro``, ``copro``, ``mipro``, ``gepa``, ``judge``, ``unknown``).
-        first_n: Apply the random faults only to requests with index < first_n.
-        fail_requests: Request indices (0-based, counted since the start or the last ``reset_log()``) that get
-            ``fail_kind``.
-        fail_kind: One of ``rate_limit``, ``server_error``, ``malformed``, ``empty_choices``, ``hang``, or (only
-            through ``fail_requests``) ``auth_error`` (401), ``permission_denied`` (403), ``model_not_found`` (404)
-            and ``one_choice`` (a 200 answer with a single choice whatever ``n`` asked for, as providers that
-            ignore ``n`` do), ``odd_text`` (each choice ends in an escaped lone surrogate and a NUL) and
-            ``invalid_utf8`` (each choice ends in two raw bytes that are not UTF-8).
-    """
-
-    rate_limit: float = 0.0
-    retry_after: float = 0.0
-    server_error: float = 0.0
-    hang: float = 0.0
-    hang_seconds: float = 30.0
-    malformed: float = 0.0
-    empty_choices: float = 0.0
-    auth_error: bool = False
-    only_kinds: set[str] | None = None
-    first_n: int | None = None
-    fail_requests: set[int] | None = None
-    fail_kind: str = "server_error"
-
-    def __post_init__(self):
-        shares = (self.rate_limit, self.server_error, self.hang, self.malformed, self.empty_choices)
-        if any(share < 0 or share > 1 for share in shares) or sum(shares) > 1 + 1e-9:
-            raise ValueError("fault shares must lie in [0, 1] and sum to at most 1")
-        if self.fail_kind not in FAULT_KINDS:
-            raise ValueError(f"fail_kind must be one of {FAULT_KINDS}, got {self.fail_kind!r}")
-        if self.retry_after < 0 or self.hang_seconds < 0:
-            raise ValueError("retry_after and hang_seconds must be non-negative")
-        if self.only_kinds is not None:
-            self.only_kinds = set(self.only_kinds)
-        if self.fail_requests is not None:
-            self.fail_requests = set(self.fail_requests)
-
-    def choose(self, index: int, kind: str, seed: int) -> str | None:
-        """The fault for request ``index`` of ``kind`` (None for a normal answer); ``auth_error`` not included."""
-        if self.only_kinds is not None and kind not in self.only_kinds:
-            return None
-        if self.fail_requests is not None and index in self.fail_requests:
-            return self.fail_kind
-        if self.first_n is not None and index >= self.first_n:
-            return None
-        u = _unit("fault", seed, index)
-        for name, share in (
-            ("rate_limit", self.rate_limit),
-            ("server_error", self.server_error),
-            ("hang", self.hang),
-            ("malformed", self.malformed),
-            ("empty_choices", self.empty_choices),
-        ):
-            if u < share:
-                return name
-            u -= share
-        return None
 
 
 @dataclass
@@ -176,103 +84,6 @@ def _error_body(message: str, type_: str, code: str | None, param: str | None = 
 
 class _Stopped(Exception):
     """The endpoint stopped while a request was waiting; close without answering."""
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "SimulatedOpenAI/1.0"
-    sys_version = ""
-
-    def setup(self):
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def log_message(self, format, *args):  # noqa: A002 - the base class's signature
-        pass
-
-    def do_POST(self):
-        self.server.endpoint._handle(self, "POST")
-
-    def do_GET(self):
-        self.server.endpoint._handle(self, "GET")
-
-    def do_PUT(self):
-        self.server.endpoint._handle(self, "PUT")
-
-    def do_DELETE(self):
-        self.server.endpoint._handle(self, "DELETE")
-
-    def read_body(self) -> bytes:
-        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-            chunks = []
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass
-                    return b"".join(chunks)
-                chunks.append(self.rfile.read(size))
-                self.rfile.readline()
-        length = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(length) if length > 0 else b""
-
-    def send_all(self, status: int, body: bytes, content_type: str = "application/json", headers=()) -> None:
-        """Status line, headers and body in one ``sendall`` (no delayed-ACK stall between packets)."""
-        lines = [
-            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
-            f"Server: {self.server_version}",
-            f"Date: {self.date_time_string()}",
-            f"Content-Type: {content_type}",
-            f"Content-Length: {len(body)}",
-        ]
-        lines.extend(f"{name}: {value}" for name, value in headers)
-        if self.close_connection:
-            lines.append("Connection: close")
-        else:
-            lines.append("Connection: keep-alive")
-        self.connection.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    block_on_close = False
-
-    def __init__(self, address, endpoint: SimulatedEndpoint):
-        self.endpoint = endpoint
-        self._connections: dict[socket.socket, threading.Thread] = {}
-        self._connections_lock = threading.Lock()
-        super().__init__(address, _Handler)
-
-    def process_request(self, request, client_address):
-        thread = threading.Thread(
-            target=self._serve_connection, args=(request, client_address), name="sim-endpoint-conn", daemon=True
-        )
-        with self._connections_lock:
-            self._connections[request] = thread
-        thread.start()
-
-    def _serve_connection(self, request, client_address):
-        try:
-            self.finish_request(request, client_address)
-        except Exception:  # a client that went away mid-request
-            pass
-        finally:
-            self.shutdown_request(request)
-            with self._connections_lock:
-                self._connections.pop(request, None)
-
-    def close_connections(self, timeout: float = 5.0) -> None:
-        with self._connections_lock:
-            items = list(self._connections.items())
-        for sock, _ in items:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        deadline = time.monotonic() + timeout
-        for _, thread in items:
-            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class SimulatedEndpoint:
@@ -327,7 +138,7 @@ class SimulatedEndpoint:
         self._next_index = 0
         self._repeats: dict[str, int] = {}
         self._stopping = threading.Event()
-        self._server: _Server | None = None
+        self._server: ThreadedServer | None = None
         self._thread: threading.Thread | None = None
 
     # ---------------------------------------------------------------------------------------------------- lifecycle
@@ -336,7 +147,7 @@ class SimulatedEndpoint:
         if self._server is not None:
             raise RuntimeError("endpoint already started")
         self._stopping.clear()
-        self._server = _Server((self.host, self._requested_port), self)
+        self._server = ThreadedServer((self.host, self._requested_port), self)
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, name="sim-endpoint", daemon=True
         )
@@ -419,10 +230,10 @@ class SimulatedEndpoint:
     def _latency_for(self, index: int) -> float:
         if isinstance(self.latency, tuple):
             low, high = self.latency
-            return low + (high - low) * _unit("latency", self.seed, index)
+            return low + (high - low) * stable_unit("latency", self.seed, index)
         return self.latency
 
-    def _handle(self, handler: _Handler, method: str) -> None:
+    def _handle(self, handler: RequestHandler, method: str) -> None:
         started = time.monotonic()
         try:
             body = handler.read_body()
@@ -453,7 +264,7 @@ class SimulatedEndpoint:
             if record.status == 0:
                 record.finished = time.monotonic()
 
-    def _respond(self, handler: _Handler, method: str, path: str, body: bytes, record: RequestRecord) -> None:
+    def _respond(self, handler: RequestHandler, method: str, path: str, body: bytes, record: RequestRecord) -> None:
         def send(status: int, payload: bytes, content_type: str = "application/json", headers=()) -> None:
             record.status, record.finished = status, time.monotonic()
             handler.send_all(status, payload, content_type, headers)
@@ -493,8 +304,8 @@ class SimulatedEndpoint:
             send(401, _error_body(message, "invalid_request_error", "invalid_api_key"))
             return
         fault = record.fault = faults.choose(record.index, kind, self.seed)
-        if fault in _REFUSALS:
-            status, message, type_, code = _REFUSALS[fault]
+        if fault in REFUSALS:
+            status, message, type_, code = REFUSALS[fault]
             send(status, _error_body(message, type_, code))
             return
         self._wait(self._latency_for(record.index))
@@ -585,71 +396,11 @@ class SimulatedEndpoint:
         return text.encode("utf-8")
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------------------------------
-
-
-def _latency_arg(text: str) -> float | tuple[float, float]:
-    if "," in text:
-        low, high = text.split(",", 1)
-        return float(low), float(high)
-    return float(text)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m dspy_opro.testing.server", description="Serve the simulated OpenAI-compatible model."
-    )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--latency", type=_latency_arg, default=0.0, help="seconds, or LOW,HIGH")
-    parser.add_argument("--rate-limit", type=float, default=0.0)
-    parser.add_argument("--retry-after", type=float, default=0.0)
-    parser.add_argument("--server-error", type=float, default=0.0)
-    parser.add_argument("--hang", type=float, default=0.0)
-    parser.add_argument("--hang-seconds", type=float, default=30.0)
-    parser.add_argument("--malformed", type=float, default=0.0)
-    parser.add_argument("--empty-choices", type=float, default=0.0)
-    parser.add_argument("--auth-error", action="store_true")
-    parser.add_argument("--only-kinds", default=None, help="comma-separated kinds")
-    parser.add_argument("--first-n", type=int, default=None)
-    parser.add_argument("--fail-requests", default=None, help="comma-separated request indices")
-    parser.add_argument("--fail-kind", default="server_error", choices=FAULT_KINDS)
-    args = parser.parse_args(argv)
+    """The command line (see :mod:`dspy_opro.testing.cli`)."""
+    from dspy_opro.testing.cli import main as cli_main
 
-    faults = FaultConfig(
-        rate_limit=args.rate_limit,
-        retry_after=args.retry_after,
-        server_error=args.server_error,
-        hang=args.hang,
-        hang_seconds=args.hang_seconds,
-        malformed=args.malformed,
-        empty_choices=args.empty_choices,
-        auth_error=args.auth_error,
-        only_kinds=set(args.only_kinds.split(",")) if args.only_kinds else None,
-        first_n=args.first_n,
-        fail_requests={int(i) for i in args.fail_requests.split(",")} if args.fail_requests else None,
-        fail_kind=args.fail_kind,
-    )
-    done = threading.Event()
-
-    def _on_signal(signum, frame):
-        done.set()
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
-    endpoint = SimulatedEndpoint(latency=args.latency, faults=faults, seed=args.seed, host=args.host, port=args.port)
-    endpoint.start()
-    try:
-        print(f"listening on {endpoint.base_url}", flush=True)
-        while not done.wait(0.5):
-            pass
-    finally:
-        endpoint.stop()
-    print(f"stopped after {endpoint.count(status=None)} requests", file=sys.stderr, flush=True)
-    return 0
+    return cli_main(argv)
 
 
 if __name__ == "__main__":
