@@ -1,7 +1,6 @@
 """dspy-opro: OPRO (Optimization by PROmpting, Yang et al., ICLR 2024) as a DSPy optimizer."""
 
-from dspy.utils.logging_utils import configure_dspy_loggers
-
+from dspy_opro.compat import configure_loggers
 from dspy_opro.errors import (
     EmptyResponseError,
     FatalLMError,
@@ -9,14 +8,16 @@ from dspy_opro.errors import (
     MetricError,
     OPRORunError,
     ProgramError,
+    RunInProgressError,
+    StateFileError,
 )
-from dspy_opro.state import RunInProgressError, RunState, StateFileError
+from dspy_opro.state import RunState
 from dspy_opro.teleprompter import OPRO, OPROTeleprompter
 
 __version__ = "0.1.0"
 
 # Our log lines go through DSPy's logging stream, so dspy.disable_logging() silences them too.
-configure_dspy_loggers(__name__)
+configure_loggers(__name__)
 
 __all__ = [
     "OPRO",

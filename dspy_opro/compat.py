@@ -10,7 +10,10 @@ rather than the optimizer in many places.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import dspy
@@ -74,6 +77,21 @@ def mark_compiled(program: dspy.Module) -> None:
     program._compiled = True
 
 
+_LIBRARY_DIRS = tuple(str(Path(module.__file__).resolve().parent) + os.sep
+                      for module in (dspy, sys.modules[__package__]))
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` of a warning issued by the caller that points at the first line outside dspy-opro and DSPy
+    (DSPy wraps ``compile`` in callback handlers, so a fixed number would point into DSPy)."""
+    frame = sys._getframe(1)  # the function that calls warnings.warn: stacklevel 1
+    level = 1
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(_LIBRARY_DIRS):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
 def configure_loggers(package: str) -> None:
     """Send ``package``'s log lines through DSPy's logging stream, so ``dspy.disable_logging()`` silences them."""
     configure_dspy_loggers(package)
@@ -99,4 +117,5 @@ __all__ = [
     "lm_engine",
     "mark_compiled",
     "run_in_context",
+    "user_stacklevel",
 ]

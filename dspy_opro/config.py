@@ -24,10 +24,10 @@ from typing import Any, Literal
 import dspy
 
 from dspy_opro.checks import require_bool, require_choice, require_int, require_number
+from dspy_opro.evaluation import metric_takes_trace
 from dspy_opro.meta_prompt import validate_meta_prompt_options
 from dspy_opro.placement import check_instruction_pos
 from dspy_opro.programs import callable_fingerprint, dataset_fingerprint, program_fingerprint
-from dspy_opro.scoring import metric_takes_trace
 from dspy_opro.state import Fingerprint, digest
 
 ExemplarSelection = Literal["random", "constant", "hard_diverse"]

@@ -26,7 +26,7 @@ import logging
 import os
 from typing import Any, Literal
 
-from dspy.utils.exceptions import (
+from dspy_opro.compat import (
     ContextWindowExceededError,
     LMAuthError,
     LMBillingError,
@@ -69,6 +69,14 @@ class LogDirError(OPRORunError, ValueError):
 
 class EmptyResponseError(RuntimeError):
     """The model answered with no choices at all."""
+
+
+class StateFileError(RuntimeError):
+    """The state file under ``log_dir`` cannot be read or does not belong to this run."""
+
+
+class RunInProgressError(RuntimeError):
+    """Another process (or another compile in this one) is running an OPRO run in the same ``log_dir``."""
 
 
 def _cause_chain(exc: BaseException) -> list[BaseException]:

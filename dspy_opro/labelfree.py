@@ -5,6 +5,7 @@ the anchor of that example (in the run record, so a resumed run reuses it). Ever
 examples, and :class:`AnchorPreferenceMetric` - used where a metric would be - asks the judge how much better the
 candidate's trajectory is than the anchor, mapping the preference from [-10, 10] onto the [0, 1] score OPRO expects.
 The anchor itself scores 0.5 (comparable to itself), so the meta-prompt and the rest of the loop are unchanged.
+:class:`Anchors` keeps the anchors in the run record (``state.anchors``) and hands them to the metric.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from typing import Any
 
 import dspy
 
+from dspy_opro.data import RunData
 from dspy_opro.errors import clean_text
+from dspy_opro.evaluation import ExampleResult
 from dspy_opro.preference import PairwiseJudge, preference_to_score, render_inputs, render_trajectory
-from dspy_opro.scoring import ExampleResult
-from dspy_opro.state import digest
+from dspy_opro.state import RunState, digest
 
 
 def example_key(example: dspy.Example) -> str:
@@ -56,3 +58,30 @@ class AnchorPreferenceMetric:
         judgment = self.judge.compare(render_inputs(example), anchor, render_trajectory(prediction, trace))
         return dspy.Prediction(score=preference_to_score(judgment.preference), feedback=judgment.rationale,
                                preference=judgment.preference, parsed=judgment.parsed)
+
+
+class Anchors:
+    """The starting program's trajectories: stored in the run record, handed to the preference metric.
+
+    Args:
+        state: The run record (``state.anchors`` maps ``"split:index"`` to the anchor text).
+        data: The run's examples, to key each anchor by its example's inputs.
+        metric: The preference metric that judges candidates against the anchors.
+    """
+
+    def __init__(self, state: RunState, data: RunData, metric: AnchorPreferenceMetric):
+        self.state, self.data, self.metric = state, data, metric
+        for key, text in state.anchors.items():  # a resumed run judges against the anchors it recorded
+            split, index = key.split(":")
+            metric.anchors[example_key(data.examples(split)[int(index)])] = text
+
+    def store(self, result: ExampleResult) -> str:
+        """Keep the starting program's run ``result`` as its example's anchor; it scores 0.5 against itself.
+
+        A run the program failed keeps its outcome, so the error is recorded on the start.
+        """
+        text = anchor_text(result)
+        self.state.anchors[f"{result.split}:{result.index}"] = text
+        self.metric.anchors[example_key(self.data.examples(result.split)[result.index])] = text
+        result.score = 0.5
+        return text

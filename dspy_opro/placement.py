@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 import dspy
-from dspy.signatures.signature import Signature
+from dspy import Signature
 
 # How each position is realised in the program.
 IN_INSTRUCTIONS = ("Q_begin", "before_Q")

@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import dspy
-from dspy.utils.callback import BaseCallback
-from dspy.utils.exceptions import AdapterParseError
+
+from dspy_opro.compat import AdapterParseError
+from dspy_opro.usage import LMCallCounter
 
 logger = logging.getLogger(__name__)
 
@@ -327,16 +328,6 @@ def preference_to_score(mean_preference: float) -> float:
     return (min(PREFERENCE_MAX, max(PREFERENCE_MIN, mean_preference)) + 10.0) / 20.0
 
 
-class _LMCallCounter(BaseCallback):
-    """Counts LM calls started inside the ``dspy.context`` it is installed in (adapter retries included)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
-        self.calls += 1
-
-
 class PairwiseJudge:
     """Compares a candidate trajectory with the anchor trajectory of the same example.
 
@@ -393,7 +384,7 @@ class PairwiseJudge:
         Raises:
             dspy.utils.exceptions.LMError: The judge LM failed; not caught here.
         """
-        counter = _LMCallCounter()
+        counter = LMCallCounter()
         # trace=None keeps judge calls out of any trace the caller is recording for the program itself.
         overrides: dict[str, Any] = {"callbacks": [*(dspy.settings.get("callbacks") or []), counter], "trace": None}
         if self.judge_lm is not None:
@@ -401,11 +392,11 @@ class PairwiseJudge:
         with dspy.context(**overrides):
             p1, r1, ok1 = self._judge(task_input, anchor, candidate, rollout_id)
             if not self.both_orders:
-                return Judgment(preference=p1, rationale=r1, parsed=ok1, calls=counter.calls)
+                return Judgment(preference=p1, rationale=r1, parsed=ok1, calls=counter.started)
             p2, r2, ok2 = self._judge(task_input, candidate, anchor, rollout_id)
         return Judgment(
             preference=(p1 - p2) / 2.0,
             rationale=f"[candidate as B] {r1} [candidate as A] {r2}",
             parsed=ok1 and ok2,
-            calls=counter.calls,
+            calls=counter.started,
         )

@@ -26,9 +26,10 @@ from typing import Any
 
 import dspy
 
+from dspy_opro.compat import current_context, lm_engine, run_in_context
 from dspy_opro.errors import EmptyResponseError, classify_exception, clean_text, describe_exception, fatal_lm_error
-from dspy_opro.scoring import UsageCapture
 from dspy_opro.state import ModelUsage
+from dspy_opro.usage import UsageCapture
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def honours_n(lm: Any, ignores_n: set[str] | None = None) -> bool:
         lm: The optimizer model.
         ignores_n: Models this run has seen answer an ``n`` request with fewer choices.
     """
-    if not isinstance(lm, dspy.LM) or getattr(lm, "_engine_spec", None) != "litellm":
+    if not isinstance(lm, dspy.LM) or lm_engine(lm) != "litellm":
         return False
     if ignores_n and lm.model in ignores_n:
         return False
@@ -70,7 +71,7 @@ def honours_n(lm: Any, ignores_n: set[str] | None = None) -> bool:
     return provider in _N_PROVIDERS
 
 
-def _one_call(lm: dspy.LM, meta_prompt: str, *, n: int, temperature: float, max_tokens: int,
+def _one_call(lm: dspy.LM, meta_prompt: str, n: int, temperature: float, max_tokens: int,
               rid: int) -> tuple[list[str] | None, str | None, dict[str, ModelUsage]]:
     """One optimizer call with one extra try; returns (outputs or None, last error, usage)."""
     capture = UsageCapture()
@@ -116,18 +117,12 @@ def propose(
     Args:
         ignores_n: The run's set of models known to ignore ``n``; a model found doing so is added to it.
     """
-    from dspy.dsp.utils.settings import thread_local_overrides
-
-    overrides = thread_local_overrides.get().copy()
+    context = current_context()  # worker threads make the calls under the caller's DSPy settings
     proposals = Proposals()
 
     def call(sample: int, n: int) -> tuple[list[str] | None, str | None, dict[str, ModelUsage]]:
-        token = thread_local_overrides.set(overrides)
-        try:
-            return _one_call(lm, meta_prompt, n=n, temperature=temperature, max_tokens=max_tokens,
-                             rid=rollout_id(seed, step, sample))
-        finally:
-            thread_local_overrides.reset(token)
+        return run_in_context(context, _one_call, lm, meta_prompt, n, temperature, max_tokens,
+                              rollout_id(seed, step, sample))
 
     def collect(samples: list[int], n: int) -> list[list[str] | None]:
         """Run one call per sample (in parallel), account for them, return their outputs in sample order."""

@@ -1,253 +1,35 @@
-"""Run a program on examples and turn each run into a score, under OPRO's failure rules.
+"""Scoring candidates: evaluations fanned out within the budget, and their results recorded as they arrive.
 
-One evaluation is one program run on one example followed by the metric. Each run happens in a worker (a thread of
-the optimizer's pool or any ``concurrent.futures.Executor``, a Dask cluster included) with the caller's DSPy context
-(task LM, adapter) and a usage tracker of its own, so usage is exact under any number of threads. The run's outcome
-is classified by what went wrong:
-
-* ``ok``: the program answered and the metric scored it (a wrong answer scores 0);
-* ``failed``: the program raised something that is not an infrastructure problem (for example the model's output
-  could not be parsed); the run scores ``failure_score``;
-* ``infra``: an LM transport or provider failure (rate limit, server error, timeout, connection), or a worker that
-  died; retried once, then the example has no score and its candidate is recorded ``unscored``;
-* ``fatal``: authentication, billing or configuration errors; the run stops;
-* ``metric_error``: the metric raised or returned None, NaN or a value outside [0, 1]; the run stops and the error
-  names the example.
-
-:class:`Evaluator` feeds (candidate, example) jobs to the executor lazily, so the ``max_metric_calls`` and
-``max_cost`` budgets stop it at an exact count, and hands each finished result back to the caller in the calling
-thread, which records and persists it.
+:class:`Evaluator` feeds (candidate, example) jobs (:mod:`dspy_opro.evaluation`) to a thread pool or any
+``concurrent.futures.Executor`` (a Dask cluster included) lazily, so the ``max_metric_calls`` and ``max_cost``
+budgets stop it at an exact count, and hands each finished result back in the calling thread.
+:class:`CandidateScorer` decides what to run (every example a candidate has no score for), stores each result on its
+candidate as it arrives, journals it, and finishes a candidate once all its examples are in: ``scored`` with its
+mean, or ``unscored`` when LM failures left examples without a score. Fatal LM errors and broken metrics stop the
+run here, naming the model or the example.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import inspect
 import logging
-import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import dspy
-from dspy.dsp.utils.settings import thread_local_overrides
-from dspy.utils.callback_context import ACTIVE_CALL_ID
 
-from dspy_opro.errors import (  # noqa: F401 - the error types' old home; kept importable from here
-    EmptyResponseError,
-    FatalLMError,
-    MetricError,
-    OPRORunError,
-    classify_exception,
-    clean_text,
-    describe_exception,
-)
-from dspy_opro.exemplars import NO_REFERENCE_NOTE, render_fields
-from dspy_opro.state import ModelUsage
-from dspy_opro.usage import UsageCapture, token_prices
+from dspy_opro.compat import current_context, run_in_context
+from dspy_opro.config import Models, OPROConfig
+from dspy_opro.data import RunData
+from dspy_opro.errors import FatalLMError, MetricError, OPRORunError, describe_exception
+from dspy_opro.evaluation import ExampleJob, ExampleResult, run_example
+from dspy_opro.state import START_ID, Candidate, ModelUsage, RunState, mean_score, record_result
 
 logger = logging.getLogger(__name__)
 
-Outcome = Literal["ok", "failed", "infra", "fatal", "metric_error"]
-
-
-def metric_takes_trace(metric: Callable[..., Any]) -> bool:
-    """Whether ``metric`` accepts ``(example, prediction, trace)``; else it must accept ``(example, prediction)``.
-
-    Raises:
-        TypeError: The metric cannot be called with an example and a prediction.
-    """
-    try:
-        signature = inspect.signature(metric)
-    except (TypeError, ValueError):  # a builtin or extension callable without a signature: call it as DSPy does
-        return True
-    for arguments in (("example", "prediction", None), ("example", "prediction")):
-        try:
-            signature.bind(*arguments)
-        except TypeError:
-            continue
-        return len(arguments) == 3
-    name = getattr(metric, "__qualname__", type(metric).__name__)
-    raise TypeError(
-        f"the metric {name}{signature} cannot be called as metric(example, prediction) or "
-        "metric(example, prediction, trace); give it the parameters (example, prediction, trace=None)"
-    )
-
-
-def coerce_score(value: Any) -> float:
-    """Turn a metric's return value into a float in [0, 1], or raise ValueError saying what was wrong."""
-    if isinstance(value, dspy.Prediction) or (hasattr(value, "score") and not isinstance(value, (int, float))):
-        value = getattr(value, "score", None)
-    if isinstance(value, bool):
-        return 1.0 if value else 0.0
-    if value is None:
-        raise ValueError("the metric returned None")
-    try:
-        score = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"the metric returned {value!r}, which is not a number") from None
-    if math.isnan(score):
-        raise ValueError("the metric returned NaN")
-    if not 0.0 <= score <= 1.0:
-        raise ValueError(f"the metric returned {score}, outside [0, 1]")
-    return score
-
-
-def metric_feedback(value: Any) -> str | None:
-    """The textual feedback of a metric that returns ``dspy.Prediction(score=..., feedback=...)``."""
-    feedback = getattr(value, "feedback", None)
-    return feedback if isinstance(feedback, str) and feedback.strip() else None
-
-
-def exemplar_answer(prediction: Any, score: float | None, feedback: str | None, label_keys: list[str]) -> str:
-    """The answer shown for an example without usable labels (see :mod:`dspy_opro.exemplars`).
-
-    The program's output counts when the metric judged it fully right: its fields named like the example's labels,
-    or, when none is, all of its fields but a ReAct trajectory.
-    """
-    if prediction is not None and score is not None and score >= 1.0:
-        keys = [key for key in prediction.keys() if key != "trajectory"]
-        named = [key for key in keys if key in label_keys]
-        values = {key: prediction[key] for key in named or keys}
-        if values:
-            return render_fields(values)
-    if feedback:
-        return feedback
-    return NO_REFERENCE_NOTE
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# One evaluation
-
-
-@dataclass
-class ExampleJob:
-    """Everything one evaluation needs; it travels to the worker (pickled for process-based executors)."""
-
-    candidate_id: int
-    index: int
-    program: Any
-    example: Any
-    metric: Callable[..., Any] | None
-    failure_score: float
-    settings: dict[str, Any]
-    split: str = "train"
-    answer_fields: list[str] | None = None  # set when the example needs an exemplar answer: the label keys
-    keep_trace: bool = False  # record the DSPy trace: handed to the metric, and returned when there is no metric
-    metric_takes_trace: bool = True  # call metric(example, prediction, trace); else metric(example, prediction)
-    judge_failures: bool = False  # label-free: a run the program failed goes to the metric (the judge) as well
-
-
-@dataclass
-class ExampleResult:
-    candidate_id: int
-    index: int
-    outcome: Outcome
-    score: float | None = None
-    error: str | None = None
-    answer: str | None = None
-    usage: dict[str, ModelUsage] = field(default_factory=dict)
-    split: str = "train"
-    prediction: Any = None
-    trace: list[Any] | None = None
-    stage: Literal["program", "metric"] = "program"  # where the error (if any) was raised
-    model: str | None = None  # the model a fatal or infra error names, when the error says
-
-
-def _describe(exc: BaseException) -> str:
-    return describe_exception(exc)
-
-
-# How long a failed evaluation waits for LM calls its program started on other threads and left running: they
-# are paid for, so their usage must be counted (DSPy's parallel executor can raise with its workers still busy).
-SETTLE_SECONDS = 30.0
-
-
-def run_example(job: ExampleJob, *, transport_retries: int = 1) -> ExampleResult:
-    """Run the program on one example and score it; never raises (the outcome says what happened).
-
-    The program's exceptions are classified by :func:`dspy_opro.errors.classify_exception`. So are the metric's: an
-    LM error inside the metric (an LLM judge) is retried once when transient and stops the run when fatal, like the
-    program's; any other exception of the metric is a ``metric_error``.
-    """
-    capture = UsageCapture()
-    prediction: Any = None
-    trace: list[Any] = []
-    program_error: str | None = None
-    attempts = 0
-    while True:
-        attempts += 1
-        trace = []
-        try:
-            with capture.active(trace=trace, **job.settings):
-                prediction = job.program(**job.example.inputs())
-            if isinstance(prediction, dspy.Prediction) and not list(prediction.keys()):
-                raise EmptyResponseError("the model returned no choices, so the program produced no outputs")
-            break
-        except Exception as exc:  # the program's own failure, classified below
-            kind = classify_exception(exc)
-            if kind == "infra" and attempts <= transport_retries:
-                logger.debug("Retrying example %d after %s", job.index, _describe(exc))
-                continue
-            if kind == "failed" and job.judge_failures and job.metric is not None:
-                # The judge compares the failure with the anchor, as it would any other trajectory.
-                prediction, program_error = exc, _describe(exc)
-                break
-            score = job.failure_score if kind == "failed" else None
-            answer = NO_REFERENCE_NOTE if job.answer_fields is not None else None
-            return ExampleResult(job.candidate_id, job.index, kind, score=score, error=_describe(exc),
-                                 answer=answer, usage=capture.result(settle=SETTLE_SECONDS), split=job.split,
-                                 trace=trace if job.keep_trace and job.metric is None else None,
-                                 model=getattr(exc, "model", None))
-    if job.metric is None:
-        return ExampleResult(job.candidate_id, job.index, "ok", usage=capture.result(), split=job.split,
-                             prediction=prediction, trace=trace if job.keep_trace else None)
-    attempts = 0
-    while True:
-        attempts += 1
-        try:
-            with capture.active(**job.settings):
-                if job.metric_takes_trace:
-                    value = job.metric(job.example, prediction, trace if job.keep_trace else None)
-                else:
-                    value = job.metric(job.example, prediction)
-            score = coerce_score(value)
-            break
-        except Exception as exc:
-            kind = classify_exception(exc)
-            if kind == "infra" and attempts <= transport_retries:
-                logger.debug("Retrying the metric on example %d after %s", job.index, _describe(exc))
-                continue
-            outcome: Outcome = kind if kind in ("infra", "fatal") else "metric_error"
-            return ExampleResult(job.candidate_id, job.index, outcome, error=_describe(exc),
-                                 usage=capture.result(settle=SETTLE_SECONDS), split=job.split, stage="metric",
-                                 model=getattr(exc, "model", None))
-    answer = None
-    if job.answer_fields is not None:
-        shown = None if program_error else prediction
-        answer = clean_text(exemplar_answer(shown, score, metric_feedback(value), job.answer_fields))
-    return ExampleResult(job.candidate_id, job.index, "failed" if program_error else "ok", score=score,
-                         error=program_error, answer=answer,
-                         usage=capture.result(settle=SETTLE_SECONDS if program_error else 0.0), split=job.split)
-
-
-def _run_in_context(overrides: dict[str, Any], call_id: str | None, job: ExampleJob) -> ExampleResult:
-    """Thread entry: adopt the submitting thread's DSPy overrides and active call id, then run the job.
-
-    The call id is what DSPy's callbacks (and MLflow tracing) take as the parent of the program's run, as DSPy's
-    own parallel executor passes it on, so every evaluation nests under the compile that started it.
-    """
-    token = thread_local_overrides.set({**thread_local_overrides.get(), **overrides})
-    call_token = ACTIVE_CALL_ID.set(call_id)
-    try:
-        return run_example(job)
-    finally:
-        ACTIVE_CALL_ID.reset(call_token)
-        thread_local_overrides.reset(token)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Fan-out with budget
+LM_FAILURES = "LM failures"  # how the reason of a candidate left unscored by infrastructure failures begins
+CUT_SHORT = "cut short"  # how the reason of a candidate a budget stopped begins
 
 
 @dataclass
@@ -291,7 +73,9 @@ class Evaluator:
             return self._external.submit(run_example, job)
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="opro-eval")
-        return self._pool.submit(_run_in_context, thread_local_overrides.get().copy(), ACTIVE_CALL_ID.get(), job)
+        # The worker adopts the caller's DSPy settings and active call id, so callbacks and tracing nest the
+        # evaluation under the compile that started it, as DSPy's own parallel executor does.
+        return self._pool.submit(run_in_context, current_context(), run_example, job)
 
     def run(self, jobs: Iterable[ExampleJob], budget: Budget, on_result: Callable[[ExampleResult], None]) -> str | None:
         """Run ``jobs`` in order until done or the budget is spent; returns the reason it stopped early, if any.
@@ -325,16 +109,17 @@ class Evaluator:
                     except Exception as exc:  # the worker itself failed, not the program
                         if "pickle" in str(exc).lower():
                             raise OPRORunError(
-                                f"the executor could not transfer an evaluation job ({_describe(exc)}). Jobs carry "
-                                "the program, the example, the metric and the task LM; DSPy's signatures need "
+                                f"the executor could not transfer an evaluation job ({describe_exception(exc)}). Jobs "
+                                "carry the program, the example, the metric and the task LM; DSPy's signatures need "
                                 "cloudpickle, so use a Dask executor (distributed.Client(...).get_executor()) "
                                 "rather than concurrent.futures.ProcessPoolExecutor, and make the metric importable"
                             ) from exc
                         if resubmits < 1:
-                            logger.warning("Worker failed on example %d (%s); retrying once", job.index, _describe(exc))
+                            logger.warning("Worker failed on example %d (%s); retrying once", job.index,
+                                           describe_exception(exc))
                             pending[self._submit(job)] = (job, resubmits + 1)
                             continue
-                        result = ExampleResult(job.candidate_id, job.index, "infra", error=_describe(exc),
+                        result = ExampleResult(job.candidate_id, job.index, "infra", error=describe_exception(exc),
                                                split=job.split)
                     on_result(result)
         except BaseException:
@@ -357,21 +142,148 @@ def describe_failure(result: ExampleResult, example: Any) -> str:
     return f"training/validation example {result.index} ({shown}): {result.error}"
 
 
-__all__ = [
-    "Budget",
-    "Evaluator",
-    "ExampleJob",
-    "ExampleResult",
-    "FatalLMError",
-    "MetricError",
-    "OPRORunError",
-    "UsageCapture",
-    "classify_exception",
-    "coerce_score",
-    "describe_failure",
-    "exemplar_answer",
-    "metric_feedback",
-    "metric_takes_trace",
-    "run_example",
-    "token_prices",
-]
+class CandidateScorer:
+    """Scores candidates on the training or validation split and records every result in the run record.
+
+    Args:
+        config: The run's configuration.
+        data: The run's examples.
+        state: The run record results are stored in.
+        models: The run's models (named in the error of a fatal failure).
+        evaluator: Runs the jobs.
+        budget: Counts evaluations and cost.
+        program_for: Builds the program a candidate runs.
+        metric: The metric (for label-free OPRO, the preference metric against the anchors).
+        metric_takes_trace: Whether the metric takes a third ``trace`` argument.
+        settings: The DSPy settings every evaluation runs under (task LM, adapter).
+        on_usage: Records an evaluation's usage (run record and the caller's tracker).
+        on_result: Called with every candidate and result before it is stored: the journal, the progress bar,
+            label-free anchors.
+        save: Writes the run record (after every finished candidate).
+    """
+
+    def __init__(self, *, config: OPROConfig, data: RunData, state: RunState, models: Models, evaluator: Evaluator,
+                 budget: Budget, program_for: Callable[[Candidate], dspy.Module], metric: Any,
+                 metric_takes_trace: bool, settings: dict[str, Any],
+                 on_usage: Callable[[Literal["optimizer", "task"], dict[str, ModelUsage]], None],
+                 on_result: Callable[[Candidate, ExampleResult], None], save: Callable[[], None]):
+        self.config, self.data, self.state, self.models = config, data, state, models
+        self.evaluator, self.budget = evaluator, budget
+        self.program_for, self.metric, self.metric_takes_trace, self.settings = (
+            program_for, metric, metric_takes_trace, settings)
+        self.on_usage, self.on_result, self.save = on_usage, on_result, save
+        self._remaining: dict[tuple[str, int], set[int]] = {}
+        self._infra_errors: dict[tuple[str, int], list[str]] = {}
+        self._warned: set[tuple[str, int]] = set()
+
+    def score(self, candidates: list[Candidate], split: str) -> str | None:
+        """Score ``candidates`` on every example of ``split`` they have no score for, all in parallel.
+
+        Returns the budget's reason when it stopped the scoring early (what was cut short is recorded), else None.
+        """
+        examples = self.data.examples(split)
+        todo: list[tuple[Candidate, list[int]]] = []
+        for candidate in candidates:
+            if split == "val" and candidate.val_scores is None:
+                candidate.val_scores = [None] * len(examples)
+            scores = candidate.scores if split == "train" else candidate.val_scores
+            missing = [i for i, value in enumerate(scores) if value is None]
+            key = (split, candidate.id)
+            self._remaining[key] = set(missing)
+            self._infra_errors[key] = []
+            if missing:
+                todo.append((candidate, missing))
+            else:
+                self._finish(candidate, split)
+
+        label_free = self.config.label_free
+
+        def jobs() -> Iterator[ExampleJob]:
+            for candidate, missing in todo:
+                program = self.program_for(candidate)
+                # Label-free: the starting program runs without a metric; its runs are the anchors.
+                metric = None if label_free and candidate.id == START_ID else self.metric
+                for i in missing:
+                    yield ExampleJob(
+                        candidate_id=candidate.id, index=i, program=program, example=examples[i], metric=metric,
+                        failure_score=self.config.failure_score, settings=self.settings, split=split,
+                        answer_fields=self.data.answer_fields(i, split), keep_trace=label_free,
+                        metric_takes_trace=self.metric_takes_trace, judge_failures=label_free)
+
+        stop_reason = self.evaluator.run(jobs(), self.budget, self._on_result)
+        if stop_reason is not None:
+            for candidate, _ in todo:
+                key = (split, candidate.id)
+                if self._remaining.pop(key, None) and split == "train":
+                    candidate.status = "unscored"
+                    candidate.reason = f"{CUT_SHORT}: {stop_reason}"
+        return stop_reason
+
+    def _on_result(self, result: ExampleResult) -> None:
+        state = self.state
+        candidate = state.candidates[result.candidate_id]
+        split = result.split
+        self.on_usage("task", result.usage)
+        example = self.data.examples(split)[result.index]
+        if result.outcome == "fatal":
+            role, model = self._failing_model(result)
+            raise FatalLMError(f"the {role} {model!r} failed in a way no retry can fix on "
+                               f"{describe_failure(result, example)}. Check its API key (or environment variable), "
+                               "permissions, billing and model name.")
+        state.metric_calls += 1  # an evaluation that ran (a fatal one did not)
+        if result.outcome == "metric_error":
+            raise MetricError(f"the metric failed on {describe_failure(result, example)}. Fix the metric: it must "
+                              "return a float in [0, 1], a bool, or dspy.Prediction(score=..., feedback=...).")
+        self.on_result(candidate, result)
+        record_result(candidate, index=result.index, split=split, outcome=result.outcome, score=result.score,
+                      error=result.error, answer=result.answer)
+        key = (split, candidate.id)
+        self._remaining[key].discard(result.index)
+        if result.outcome == "infra":
+            self._infra_errors[key].append(result.error or "unknown error")
+        if not self._remaining[key]:
+            self._remaining.pop(key)
+            self._finish(candidate, split)
+            self.save()
+
+    def _failing_model(self, result: ExampleResult) -> tuple[str, str]:
+        """Which model a fatal error came from: the task model, the label-free judge, or the metric's own LM."""
+        if result.stage == "program":
+            return "task model", getattr(self.models.task, "model", repr(self.models.task))
+        if self.config.label_free:
+            judge = self.models.judge or self.models.task
+            return "judge model", getattr(judge, "model", repr(judge))
+        return "model inside the metric", result.model or "unknown"
+
+    def _finish(self, candidate: Candidate, split: str) -> None:
+        self._warn_program_errors(candidate, split)
+        errors = self._infra_errors.pop((split, candidate.id), [])
+        scores = candidate.scores if split == "train" else candidate.val_scores
+        complete = all(value is not None for value in scores)
+        if split == "val":
+            candidate.val_score = mean_score(scores) if complete else None
+            return
+        if not complete:
+            candidate.status = "unscored"
+            last = errors[-1] if errors else ""
+            candidate.reason = f"{LM_FAILURES} on {len(errors)} examples after a retry; last: {last}"
+            logger.info("Candidate %d unscored: %s", candidate.id, candidate.reason)
+            return
+        candidate.status = "scored"
+        candidate.score = mean_score(scores)
+        candidate.failed.sort()
+
+    def _warn_program_errors(self, candidate: Candidate, split: str) -> None:
+        """One WARNING per candidate and split whose program raised: how often, and the first error."""
+        errors = [e for e in candidate.errors if e.split == split]
+        if not errors or (split, candidate.id) in self._warned:
+            return
+        self._warned.add((split, candidate.id))
+        count = sum(e.count for e in errors)
+        first = errors[0]
+        logger.warning("Candidate %d: the program raised on %d %s evaluations (%d distinct errors); first, on "
+                       "example %d: %s", candidate.id, count, "training" if split == "train" else "validation",
+                       len(errors), first.example, first.error)
+
+
+__all__ = ["CUT_SHORT", "LM_FAILURES", "Budget", "CandidateScorer", "Evaluator", "describe_failure"]

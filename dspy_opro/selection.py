@@ -10,9 +10,7 @@ they only decide.
 
 from __future__ import annotations
 
-from dspy_opro.state import Candidate, RunState, Selection
-
-START_ID = 0  # the starting program is always candidate 0
+from dspy_opro.state import START_ID, Candidate, RunState, Selection, ranked_candidates
 
 
 def on_training(best: Candidate) -> Selection:
@@ -22,7 +20,7 @@ def on_training(best: Candidate) -> Selection:
 
 def validation_contenders(state: RunState, *, top_k: int, val_gate: bool) -> list[Candidate]:
     """The ``top_k`` best on training (earliest first among ties), plus the starting program for the gate."""
-    contenders = sorted(state.scored(), key=lambda c: -c.score)[:top_k]
+    contenders = ranked_candidates(state.candidates)[:top_k]
     start = state.candidates[START_ID]
     if val_gate and start not in contenders:
         contenders.append(start)

@@ -1,29 +1,23 @@
-"""The run record of one OPRO compile: pydantic models, atomic JSON persistence and resume checks.
+"""The run record of one OPRO compile: the pydantic models of everything a run pays for.
 
-Everything an OPRO run pays for lives here: every candidate instruction with its per-example training scores and
-its fate, one record per step (exemplars, the meta-prompt, the optimizer's replies and what became of each) and the
-usage of both models. With a ``log_dir`` the record is written to ``state.json`` atomically (temporary file, fsync,
-rename) after every scored candidate, and every finished (candidate, example) evaluation is appended to
-``progress.jsonl`` as it completes, so that a crash at any moment loses nothing that was paid for. Compiling again
-with the same ``log_dir`` rebuilds the run from these two files; a fingerprint of the configuration, the data and
-the program guards against resuming a different run.
+Every candidate instruction with its per-example training scores and its fate, one record per step (exemplars, the
+meta-prompt, the optimizer's replies and what became of each), the usage of both models, and how the returned
+program was selected. :mod:`dspy_opro.record` writes the record to disk and reads it back; reports and the plot
+only read it. The one rule for "the best candidate" (highest training score, the earliest among ties) lives here,
+beside the candidates, as :func:`best_candidate` and :func:`ranked_candidates`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 SCHEMA_VERSION = 1
-STATE_FILE = "state.json"
-PROGRESS_FILE = "progress.jsonl"
-LOCK_FILE = "run.lock"
+START_ID = 0  # the program as given is always candidate 0 (step -1)
 
 CandidateStatus = Literal["pending", "scored", "unscored", "skipped"]
 ReplyFate = Literal["new", "duplicate", "empty", "too_long", "contains_ins", "no_instruction"]
@@ -39,10 +33,6 @@ def _share(value: float | None) -> float | None:
     if len(_SHARED_SCORES) < 4096:
         return _SHARED_SCORES.setdefault(value, value)
     return value
-
-
-class StateFileError(RuntimeError):
-    """The state file under ``log_dir`` cannot be read or does not belong to this run."""
 
 
 class ModelUsage(BaseModel):
@@ -192,12 +182,8 @@ class RunState(BaseModel):
         return [c for c in self.candidates if c.status == "scored"]
 
     def best(self) -> Candidate | None:
-        """The best scored candidate on training; the earliest wins a tie."""
-        best: Candidate | None = None
-        for candidate in self.scored():
-            if best is None or candidate.score > best.score:  # type: ignore[operator]
-                best = candidate
-        return best
+        """The best scored candidate on training; the earliest wins a tie (:func:`best_candidate`)."""
+        return best_candidate(self.candidates)
 
 
 def digest(value: Any) -> str:
@@ -206,206 +192,49 @@ def digest(value: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def _default_file_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+def best_candidate(candidates: Iterable[Candidate]) -> Candidate | None:
+    """The one rule for the best candidate: the highest training score among the scored ones, the earliest (lowest
+    id, i.e. proposed first) among ties; None when none is scored."""
+    ranked = ranked_candidates(candidates)
+    return ranked[0] if ranked else None
 
 
-_FILE_MODE = _default_file_mode()
+def ranked_candidates(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """The scored candidates, best first by :func:`best_candidate`'s rule."""
+    return sorted((c for c in candidates if c.status == "scored"), key=lambda c: (-c.score, c.id))  # type: ignore[operator]
 
 
-def save_state(state: RunState, log_dir: str | os.PathLike[str]) -> Path:
-    """Write ``state.json`` atomically: a temporary file in the same folder, fsync, rename, fsync the folder."""
-    folder = Path(log_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / STATE_FILE
-    payload = state.model_dump_json()
-    fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".tmp", dir=folder)
-    try:
-        os.chmod(tmp, _FILE_MODE)  # mkstemp creates 0600; state.json gets the mode of every other file written
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    try:
-        dir_fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # platforms without directory handles
-        return target
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return target
+def record_result(candidate: Candidate, *, index: int, split: str, outcome: str, score: float | None,
+                  error: str | None, answer: str | None) -> None:
+    """Store one evaluation's result on its candidate: the score, a program error, the exemplar answer.
 
-
-def load_state(log_dir: str | os.PathLike[str]) -> RunState | None:
-    """Read ``state.json`` from ``log_dir`` (None when absent); a corrupt file is an error, never a fresh start."""
-    path = Path(log_dir) / STATE_FILE
-    if not path.exists():
-        return None
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise StateFileError(f"cannot read {path}: {exc}. Fix its permissions or choose another log_dir.") from exc
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StateFileError(
-            f"{path} is corrupt ({exc}); it is not valid JSON. Restore it from a backup, or delete the log_dir "
-            "to start a fresh run."
-        ) from exc
-    if not isinstance(data, dict):
-        raise StateFileError(f"{path} is corrupt: it holds JSON but not an OPRO run record. Restore it from a backup, "
-                             "or delete the log_dir to start a fresh run.")
-    version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise StateFileError(
-            f"{path} has schema version {version!r}; this dspy-opro reads version {SCHEMA_VERSION}. "
-            "Use the dspy-opro version that wrote it, or choose another log_dir."
-        )
-    try:
-        return RunState.model_validate(data)
-    except ValidationError as exc:
-        raise StateFileError(f"{path} does not hold a valid OPRO run record: {exc}") from exc
-
-
-def _shown(value: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= 100 else f"{text[:48]}...{text[-48:]}"  # the end of a metric's name is its digest
-
-
-def check_fingerprint(saved: RunState, fingerprint: Fingerprint, log_dir: str | os.PathLike[str]) -> None:
-    """Refuse to resume a run whose configuration, data or program differ from the saved one.
-
-    The refusal names each differing setting with its saved and its new value.
+    The live run and the replay of the journal on resume both store results through this one function.
     """
-    labels = {
-        "config": "the optimizer configuration",
-        "trainset": "the trainset",
-        "valset": "the valset",
-        "program": "the program's structure, instructions or demos",
-    }
-    differ = []
-    for name, label in labels.items():
-        if getattr(saved.fingerprint, name) == getattr(fingerprint, name):
-            continue
-        if name == "config" and saved.fingerprint.settings:
-            old, new = saved.fingerprint.settings, fingerprint.settings
-            changes = [f"{key}: {_shown(old.get(key))} -> {_shown(new.get(key))}"
-                       for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
-            if changes:
-                label = f"{label} ({'; '.join(changes)})"
-        differ.append(label)
-    if differ:
-        raise StateFileError(
-            f"{Path(log_dir) / STATE_FILE} belongs to a different run: {', '.join(differ)} differ(s) from the saved "
-            "run. Resume with the same settings, data and program, or choose a new log_dir."
-        )
+    if outcome == "failed":
+        _record_error(candidate, index=index, split=split, error=error)
+    if split == "val":
+        candidate.val_scores[index] = score  # type: ignore[index]
+        return
+    candidate.scores[index] = score
+    if outcome == "failed" and index not in candidate.failed:
+        candidate.failed.append(index)
+    if answer is not None:
+        candidate.answers[index] = answer
 
 
-class RunInProgressError(RuntimeError):
-    """Another process (or another compile in this one) is running an OPRO run in the same ``log_dir``."""
-
-
-class LogDirLock:
-    """An OS lock (``fcntl.flock``) on ``log_dir/run.lock``, held for the whole compile: one run per ``log_dir``.
-
-    The OS releases it when the process dies, so a killed run never leaves a stale lock behind.
-    """
-
-    def __init__(self, log_dir: str | os.PathLike[str]):
-        self.path = Path(log_dir) / LOCK_FILE
-        self._handle: Any = None
-
-    def acquire(self) -> None:
-        """Take the lock, or raise :class:`RunInProgressError` at once; an unwritable folder raises ``OSError``."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+b")  # noqa: SIM115 - held for the run
-        try:
-            import fcntl
-        except ImportError:  # no fcntl (Windows): no lock
-            self._handle = handle
+def _record_error(candidate: Candidate, *, index: int, split: str, error: str | None) -> None:
+    """Count one program error on a candidate, keeping the first occurrence of each distinct error."""
+    candidate.error_count += 1
+    message = error or "unknown error"
+    for record in candidate.errors:
+        if record.error == message and record.split == split:
+            record.count += 1
+            record.example = min(record.example, index)
             return
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.close()
-            raise RunInProgressError(
-                f"an OPRO run is in progress in {self.path.parent} (another process, or another compile in this one, "
-                f"holds {self.path}). Wait for it to finish, or give this compile another log_dir."
-            ) from None
-        self._handle = handle
-
-    def release(self) -> None:
-        if self._handle is not None:
-            self._handle.close()  # closing the file releases the lock
-            self._handle = None
+    if len(candidate.errors) < MAX_ERROR_KINDS:
+        candidate.errors.append(ErrorRecord(error=message, example=index, split=split))  # type: ignore[arg-type]
 
 
-class ProgressJournal:
-    """Append-only log of finished (candidate, example) evaluations between two snapshots of ``state.json``.
-
-    Each entry carries the candidate's instruction digest and the evaluation's usage, so a resumed run applies it
-    only to the same instruction and knows what was spent. Lines are flushed as they are written, so a killed
-    process loses none (the OS keeps them). A torn last line, from a crash in the middle of a write (even in the
-    middle of a multi-byte character), is ignored on reading, and the next append starts on a new line. The file is
-    opened at the first append, so a finished run in a read-only ``log_dir`` never needs to write.
-    """
-
-    def __init__(self, log_dir: str | os.PathLike[str]):
-        self.path = Path(log_dir) / PROGRESS_FILE
-        self._handle: Any = None
-
-    def _open(self) -> Any:
-        if self._handle is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            handle = open(self.path, "ab")  # noqa: SIM115 - open for the run
-            if handle.tell() > 0:
-                with open(self.path, "rb") as existing:
-                    existing.seek(-1, os.SEEK_END)
-                    if existing.read(1) != b"\n":  # a torn last line: never glue an entry to it
-                        handle.write(b"\n")
-            self._handle = handle
-        return self._handle
-
-    def append(self, entry: dict[str, Any]) -> None:
-        handle = self._open()
-        handle.write((json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8"))
-        handle.flush()
-
-    def clear(self) -> None:
-        """Forget the entries: the snapshot just written holds them."""
-        if self._handle is None and not self.path.exists():
-            return
-        handle = self._open()
-        handle.truncate(0)
-        handle.seek(0)
-        handle.flush()
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
-
-    @staticmethod
-    def read(log_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-        """The entries, skipping lines that are not whole JSON objects in UTF-8 (a torn write at a crash)."""
-        path = Path(log_dir) / PROGRESS_FILE
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return []
-        entries = []
-        for line in data.split(b"\n"):
-            try:
-                entry = json.loads(line.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                continue
-            if isinstance(entry, dict):
-                entries.append(entry)
-        return entries
+def mean_score(values: list[float | None]) -> float:
+    """The mean over a split's examples (a missing score counts as 0; callers check completeness first)."""
+    return sum(v for v in values if v is not None) / len(values)

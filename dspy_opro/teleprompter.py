@@ -24,37 +24,14 @@ Example:
 from __future__ import annotations
 
 import concurrent.futures as cf
-import logging
-import math
-import numbers
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import dspy
-from dspy.teleprompt.teleprompt import Teleprompter
+from dspy.teleprompt import Teleprompter
 
-from dspy_opro.meta_prompt import validate_meta_prompt_options
-from dspy_opro.placement import check_instruction_pos
-from dspy_opro.scoring import metric_takes_trace
-
-logger = logging.getLogger(__name__)
-
-ExemplarSelection = Literal["random", "constant", "hard_diverse"]
-
-
-def _check_int(name: str, value: Any, *, minimum: int, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}{' or None' if allow_none else ''}; got {value!r}")
-
-
-def _check_number(name: str, value: Any, *, low: float, high: float, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value) or not low <= value <= high:
-        raise ValueError(f"{name} must be a number in [{low}, {high}]{' or None' if allow_none else ''}; got {value!r}")
+from dspy_opro.config import ExemplarSelection, OPROConfig
 
 
 class OPROTeleprompter(Teleprompter):
@@ -170,132 +147,19 @@ class OPROTeleprompter(Teleprompter):
         seed: int = 0,
     ):
         super().__init__()
-        if metric is None and judge_model is None:
-            raise ValueError(
-                "no metric: pass metric=my_metric (metric(example, prediction, trace=None) -> float in [0, 1]); "
-                "for label-free OPRO pass metric=None with judge_model=<dspy.LM> (your task model may judge itself)"
-            )
-        if metric is not None and not callable(metric):
-            raise TypeError(f"metric must be callable as metric(example, prediction, trace=None); got {metric!r}")
-        if metric is not None:
-            metric_takes_trace(metric)  # refuses a metric that cannot take (example, prediction)
-        if metric is not None and judge_model is not None:
-            raise ValueError("judge_model is for label-free OPRO (metric=None); drop it or drop the metric")
-        for name, lm in (("prompt_model", prompt_model), ("task_model", task_model), ("judge_model", judge_model)):
-            if lm is not None and not isinstance(lm, (dspy.BaseLM, str)):
-                raise TypeError(
-                    f"{name} must be a dspy.LM or a LiteLLM model string such as 'openai/gpt-4o'; got {lm!r}"
-                )
-            if isinstance(lm, str) and not lm.strip():
-                raise ValueError(f"{name} is an empty string; pass a LiteLLM model string such as 'openai/gpt-4o'")
-        _check_int("num_steps", num_steps, minimum=0)
-        _check_int("num_candidates", num_candidates, minimum=1)
-        _check_int("num_exemplars", num_exemplars, minimum=0)
-        if exemplar_selection not in ("random", "constant", "hard_diverse"):
-            raise ValueError(
-                f"exemplar_selection must be 'random', 'constant' or 'hard_diverse'; got {exemplar_selection!r}"
-            )
-        _check_number("diversity_theta", diversity_theta, low=0.0, high=1.0)
-        check_instruction_pos(instruction_pos)  # where the program can put the text; A_begin it cannot
-        validate_meta_prompt_options(
-            optimizer_family=optimizer_family,
-            instruction_pos=instruction_pos,
-            meta_prompt_type=meta_prompt_type,
-            include_qa=include_qa,
-            num_score_buckets=num_score_buckets,
-            max_num_instructions=max_num_instructions,
-            score_threshold=score_threshold,
+        self.config = OPROConfig(
+            metric=metric, prompt_model=prompt_model, task_model=task_model, judge_model=judge_model,
+            num_steps=num_steps, num_candidates=num_candidates, num_exemplars=num_exemplars,
+            exemplar_selection=exemplar_selection, diversity_theta=diversity_theta,
+            max_num_instructions=max_num_instructions, score_threshold=score_threshold,
+            num_score_buckets=num_score_buckets, optimizer_family=optimizer_family, instruction_pos=instruction_pos,
+            include_qa=include_qa, meta_prompt_type=meta_prompt_type, task_description=task_description,
+            max_instruction_chars=max_instruction_chars, temperature=temperature, max_tokens=max_tokens,
+            predictors=predictors, select=select, top_k=top_k, val_gate=val_gate, min_delta=min_delta,
+            both_orders=both_orders, max_metric_calls=max_metric_calls, max_cost=max_cost, num_threads=num_threads,
+            executor=executor, failure_score=failure_score, log_dir=log_dir, seed=seed,
         )
-        _check_int("max_instruction_chars", max_instruction_chars, minimum=1, allow_none=True)
-        _check_number("temperature", temperature, low=0.0, high=2.0)
-        _check_int("max_tokens", max_tokens, minimum=1)
-        if predictors is not None:
-            if isinstance(predictors, str) or not all(isinstance(p, str) for p in predictors) or not predictors:
-                raise TypeError(f"predictors must be a non-empty list of predictor names; got {predictors!r}")
-        if select not in ("train", "validation"):
-            raise ValueError(f"select must be 'train' or 'validation'; got {select!r}")
-        _check_int("top_k", top_k, minimum=1)
-        if metric is None and (select != "train" or val_gate):
-            raise ValueError(
-                "label-free OPRO (metric=None) selects by its own gate: the best candidate is returned only if its "
-                "mean preference over the starting program on the valset is above 0; drop select and val_gate"
-            )
-        _check_number("min_delta", min_delta, low=0.0, high=1.0)
-        _check_int("max_metric_calls", max_metric_calls, minimum=1, allow_none=True)
-        _check_number("max_cost", max_cost, low=0.0, high=math.inf, allow_none=True)
-        _check_int("num_threads", num_threads, minimum=1, allow_none=True)
-        if executor is not None and not isinstance(executor, cf.Executor):
-            raise TypeError(f"executor must be a concurrent.futures.Executor; got {executor!r}")
-        _check_number("failure_score", failure_score, low=0.0, high=1.0)
-        _check_int("seed", seed, minimum=0)
-
-        self.metric = metric
-        self.prompt_model = prompt_model
-        self.task_model = task_model
-        self.judge_model = judge_model
-        self.num_steps = num_steps
-        self.num_candidates = num_candidates
-        self.num_exemplars = num_exemplars
-        self.exemplar_selection = exemplar_selection
-        self.diversity_theta = diversity_theta
-        self.max_num_instructions = max_num_instructions
-        self.score_threshold = score_threshold
-        self.num_score_buckets = num_score_buckets
-        self.optimizer_family = optimizer_family
-        self.instruction_pos = instruction_pos
-        self.include_qa = include_qa
-        self.meta_prompt_type = meta_prompt_type
-        self.task_description = task_description
-        self.max_instruction_chars = max_instruction_chars
-        self.temperature = temperature
-        self.max_tokens = max_tokens
-        self.predictors = list(predictors) if predictors is not None else None
-        self.select = select
-        self.top_k = top_k
-        self.val_gate = val_gate
-        self.min_delta = min_delta
-        self.both_orders = both_orders
-        self.max_metric_calls = max_metric_calls
-        self.max_cost = max_cost
-        self.num_threads = num_threads
-        self.executor = executor
-        self.failure_score = failure_score
-        self.log_dir = os.fspath(log_dir) if log_dir is not None else None
-        self.seed = seed
-
-    @property
-    def label_free(self) -> bool:
-        return self.metric is None
-
-    def search_config(self) -> dict[str, Any]:
-        """The settings that shape the search (recorded in the run record and fingerprinted for resume)."""
-        return {
-            "num_steps": self.num_steps,
-            "num_candidates": self.num_candidates,
-            "num_exemplars": self.num_exemplars,
-            "exemplar_selection": self.exemplar_selection,
-            "diversity_theta": self.diversity_theta,
-            "max_num_instructions": self.max_num_instructions,
-            "score_threshold": self.score_threshold,
-            "num_score_buckets": "inf" if self.num_score_buckets == math.inf else self.num_score_buckets,
-            "optimizer_family": self.optimizer_family,
-            "instruction_pos": self.instruction_pos,
-            "include_qa": self.include_qa,
-            "meta_prompt_type": self.meta_prompt_type,
-            "task_description": self.task_description,
-            "max_instruction_chars": self.max_instruction_chars,
-            "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
-            "predictors": self.predictors,
-            "select": self.select,
-            "top_k": self.top_k,
-            "val_gate": self.val_gate,
-            "min_delta": self.min_delta,
-            "label_free": self.label_free,
-            "both_orders": self.both_orders,
-            "failure_score": self.failure_score,
-            "seed": self.seed,
-        }
+        self.metric = metric  # as every DSPy teleprompter exposes it
 
     def compile(
         self,
@@ -324,9 +188,9 @@ class OPROTeleprompter(Teleprompter):
             raise ValueError("OPRO optimizes instructions only and takes no teacher; call compile(..., teacher=None)")
         if kwargs:
             raise TypeError(f"compile() got unexpected arguments {sorted(kwargs)}; OPRO takes trainset and valset")
-        from dspy_opro.run import OPRORun
+        from dspy_opro.run import OPRORun  # here, not at the top: ``import dspy_opro`` stays cheap
 
-        return OPRORun(self, student, trainset, valset).execute()
+        return OPRORun(self.config, student, trainset, valset).execute()
 
 
 OPRO = OPROTeleprompter

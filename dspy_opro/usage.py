@@ -23,9 +23,8 @@ import threading
 from typing import Any
 
 import dspy
-from dspy.utils.callback import BaseCallback
-from dspy.utils.usage_tracker import UsageTracker
 
+from dspy_opro.compat import BaseCallback, UsageTracker
 from dspy_opro.state import ModelUsage
 
 logger = logging.getLogger(__name__)
@@ -86,8 +85,9 @@ class _HistorySink:
                 self.costs[id(usage)] = float(cost)
 
 
-class _CallCounter(BaseCallback):
-    """Counts successful LM calls per model, cache hits included, and the calls still in flight.
+class LMCallCounter(BaseCallback):
+    """Counts LM calls: started (retries included), finished without error per model (cache hits included), and
+    the calls still in flight.
 
     Thread-safe: DSPy hands the same callbacks to every thread a program fans out to.
     """
@@ -95,10 +95,12 @@ class _CallCounter(BaseCallback):
     def __init__(self) -> None:
         self._idle = threading.Condition()
         self._models: dict[str, str] = {}  # calls in flight: call id -> model
+        self.started = 0
         self.calls: dict[str, int] = {}
 
     def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
         with self._idle:
+            self.started += 1
             self._models[call_id] = getattr(instance, "model", "unknown")
 
     def on_lm_end(self, call_id: str, outputs: Any, exception: Exception | None = None) -> None:
@@ -149,7 +151,7 @@ class UsageCapture:
     def __init__(self) -> None:
         self._tracker = _SharedTracker()
         self._sink = _HistorySink(self._tracker)
-        self._counter = _CallCounter()
+        self._counter = LMCallCounter()
 
     def active(self, **overrides: Any) -> Any:
         """A ``dspy.context`` that records into this capture (``overrides`` are further settings)."""
@@ -213,4 +215,4 @@ def roll_up(tracker: UsageTracker | None, per_model: dict[str, ModelUsage]) -> N
         tracker.add_usage(model, entry)
 
 
-__all__ = ["UsageCapture", "roll_up", "token_prices"]
+__all__ = ["LMCallCounter", "UsageCapture", "roll_up", "token_prices"]

@@ -35,7 +35,7 @@ from dspy_opro.report import (  # noqa: E402
     format_usage,
     trajectory_rows,
 )
-from dspy_opro.state import PROGRESS_FILE, STATE_FILE  # noqa: E402
+from dspy_opro.record import PROGRESS_FILE, STATE_FILE  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "word_problems.jsonl"
 OUT_DIR = Path("runs") / "quickstart"

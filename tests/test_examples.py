@@ -17,7 +17,7 @@ import dspy
 import pytest
 
 from dspy_opro.programs import split_instructions
-from dspy_opro.state import load_state
+from dspy_opro.record import load_state
 from dspy_opro.testing import arithmetic_tool
 
 pytestmark = pytest.mark.slow  # each example compiles through its own simulated endpoint

@@ -26,7 +26,8 @@ from dspy_opro.errors import check_model_ready, classify_exception, clean_text
 from dspy_opro.exemplars import draw_exemplar_indices
 from dspy_opro.meta_prompt import instruction_md5
 from dspy_opro.report import REPORT_FILE
-from dspy_opro.state import STATE_FILE, ErrorRecord, load_state
+from dspy_opro.record import STATE_FILE, load_state
+from dspy_opro.state import ErrorRecord
 from dspy_opro.testing import FaultConfig, SimulatedEndpoint, simulated_dataset, simulated_metric
 
 pytestmark = pytest.mark.slow
@@ -383,14 +384,14 @@ def test_an_unwritable_log_dir_is_refused_before_any_call(endpoint, tmp_path, mo
     def refuse(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr("dspy_opro.run.tempfile.mkstemp", refuse)
+    monkeypatch.setattr("dspy_opro.record.tempfile.mkstemp", refuse)
     with pytest.raises(LogDirError, match="cannot hold the run record: Permission denied") as excinfo:
         compile_run(endpoint, trainset=simulated_dataset(3), num_steps=1, log_dir=tmp_path / "run")
     assert str(tmp_path / "run") in str(excinfo.value) and endpoint.requests == []
 
 
 def test_a_full_disk_mid_run_keeps_what_was_saved(endpoint, tmp_path, monkeypatch):
-    import dspy_opro.run as run_module
+    import dspy_opro.resume as run_module  # the module that writes state.json
 
     real_save, saves = run_module.save_state, [0]
 

@@ -335,8 +335,8 @@ def test_defaults_that_differ_from_the_authors_reach_the_run() -> None:
     opt_lm, opt_engine = make_lm(scripted_optimizer(["<INS>" + "Be better. " * 60 + "</INS>"]))
     optimizer = OPROTeleprompter(lambda example, prediction, trace=None: float(prediction.answer == example.answer),
                                  prompt_model=opt_lm, task_model=task_lm, num_candidates=1, num_threads=1)
-    assert (optimizer.num_steps, optimizer.score_threshold, optimizer.max_tokens,
-            optimizer.max_instruction_chars) == (10, 0.0, 1024, None)
+    assert (optimizer.config.num_steps, optimizer.config.score_threshold, optimizer.config.max_tokens,
+            optimizer.config.max_instruction_chars) == (10, 0.0, 1024, None)
     trainset = [dspy.Example(question=f"item {i}", answer=f"a{i}").with_inputs("question") for i in range(3)]
     record = optimizer.compile(dspy.Predict("question -> answer"), trainset=trainset).opro_run
     assert len(record.steps) == len(opt_engine.requests) == 10

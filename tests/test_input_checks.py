@@ -36,7 +36,7 @@ def lm():
         ({"max_instruction_chars": 0}, ValueError, "max_instruction_chars must be an int >= 1"),
         ({"temperature": -0.5}, ValueError, "temperature must be a number"),
         ({"predictors": "self"}, TypeError, "predictors must be a non-empty list"),
-        ({"select": "test"}, ValueError, "select must be 'train' or 'validation'"),
+        ({"select": "test"}, ValueError, "select must be one of 'train', 'validation'"),
         ({"top_k": 0}, ValueError, "top_k must be an int >= 1"),
         ({"max_metric_calls": 0}, ValueError, "max_metric_calls must be an int >= 1"),
         ({"max_cost": -1.0}, ValueError, "max_cost must be a number"),
@@ -82,7 +82,7 @@ def test_compile_checks_before_any_lm_call(lm, setup, error, message):
 
 
 def test_prompt_model_string_becomes_a_litellm_lm():
-    from dspy_opro.run import _resolve_prompt_model
+    from dspy_opro.config import resolve_model
 
-    lm = _resolve_prompt_model("openai/gpt-4o-mini")
-    assert isinstance(lm, dspy.LM) and lm.model == "openai/gpt-4o-mini" and lm._engine_spec == "litellm"
+    lm = resolve_model("openai/gpt-4o-mini")
+    assert isinstance(lm, dspy.LM) and lm.model == "openai/gpt-4o-mini" and lm.engine == "litellm"

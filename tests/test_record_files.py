@@ -14,7 +14,8 @@ import dspy
 import pytest
 
 from dspy_opro.__main__ import main as cli
-from dspy_opro.state import PROGRESS_FILE, ProgressJournal, RunInProgressError, StateFileError, load_state
+from dspy_opro.errors import RunInProgressError, StateFileError
+from dspy_opro.record import PROGRESS_FILE, ProgressJournal, load_state
 from tests.fakes import make_lm, toy_dataset, toy_metric, toy_task_reply
 from tests.resume_job import build
 
@@ -34,7 +35,7 @@ def compile_job(log_dir, call_log=None, **options):
 
 def test_a_second_process_on_the_same_log_dir_is_refused_at_once(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from dspy_opro.state import LogDirLock; lock = LogDirLock(sys.argv[1]);"
+        [sys.executable, "-c", "import sys; from dspy_opro.record import LogDirLock; lock = LogDirLock(sys.argv[1]);"
          " lock.acquire(); print('locked', flush=True); sys.stdin.read()", str(tmp_path)],
         cwd=ROOT, env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

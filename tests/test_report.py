@@ -29,8 +29,8 @@ from dspy_opro.report import (
     write_run_report,
     write_step_files,
 )
+from dspy_opro.record import STATE_FILE, save_state
 from dspy_opro.state import (
-    STATE_FILE,
     Candidate,
     Fingerprint,
     ModelUsage,
@@ -40,7 +40,6 @@ from dspy_opro.state import (
     Step,
     UsageRecord,
     digest,
-    save_state,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,8 @@ import dspy
 import pytest
 
 from dspy_opro import OPROTeleprompter
-from dspy_opro.state import StateFileError, load_state
+from dspy_opro.errors import StateFileError
+from dspy_opro.record import load_state
 from tests.fakes import make_lm, toy_dataset, toy_metric, toy_task_reply
 from tests.resume_job import build
 

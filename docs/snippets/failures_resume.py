@@ -10,7 +10,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import dspy
 
 from dspy_opro import OPROTeleprompter
-from dspy_opro.scoring import FatalLMError
+from dspy_opro.errors import FatalLMError
 from dspy_opro.testing import (
     FaultConfig,
     SimulatedEndpoint,

@@ -1,0 +1,109 @@
+"""The examples of one run: checked once at ``compile``, with what each one can show in a meta-prompt.
+
+:meth:`RunData.build` refuses what cannot work before any LM call: examples that are not ``dspy.Example`` or have no
+inputs, an empty trainset, a program without predictors, unknown target predictors, a missing valset where the
+configuration needs one, more exemplars than training examples, and a budget too small to score the program as
+given. What the run then asks of the data per example (its label fields for a predictor, whether its runs must
+record an exemplar answer, its question as the meta-prompt shows it) is computed here once, not per evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import dspy
+
+from dspy_opro.compat import input_keys
+from dspy_opro.config import OPROConfig
+from dspy_opro.exemplars import render_fields
+from dspy_opro.programs import output_fields, predictor_map
+
+
+def check_examples(name: str, examples: Sequence[Any]) -> list[dspy.Example]:
+    """The examples as a list, or an error naming the first one that is not a ``dspy.Example`` with inputs."""
+    examples = list(examples)
+    for position, example in enumerate(examples):
+        if not isinstance(example, dspy.Example):
+            raise TypeError(f"{name}[{position}] is a {type(example).__name__}, not a dspy.Example")
+        if not input_keys(example):
+            raise ValueError(
+                f"{name}[{position}] has no input fields set; build examples with "
+                "dspy.Example(...).with_inputs('question', ...)"
+            )
+    return examples
+
+
+@dataclass
+class RunData:
+    """The trainset and valset of a run, the target predictors, and per-example facts the run reuses."""
+
+    trainset: list[dspy.Example]
+    valset: list[dspy.Example]
+    targets: list[str]
+    label_free: bool
+    output_fields: dict[str, list[str]] = field(default_factory=dict)  # per target predictor
+    label_keys: list[list[str]] = field(default_factory=list)  # per training example
+    needs_answer: list[bool] = field(default_factory=list)  # per training example: its runs record an answer
+
+    @classmethod
+    def build(cls, config: OPROConfig, program: dspy.Module, trainset: Sequence[Any],
+              valset: Sequence[Any] | None) -> RunData:
+        """Check the program and the data against the configuration; raise before any LM call."""
+        if not isinstance(program, dspy.Module):
+            raise TypeError(f"compile() needs a dspy.Module to optimize; got {type(program).__name__}")
+        train = check_examples("trainset", trainset)
+        val = check_examples("valset", valset or [])
+        if not train:
+            raise ValueError("trainset is empty; OPRO scores every instruction on the training examples")
+        all_predictors = list(predictor_map(program))
+        if not all_predictors:
+            raise ValueError("the program has no predictors (dspy.Predict and friends) whose instructions to optimize")
+        unknown = sorted(set(config.predictors or []) - set(all_predictors))
+        if unknown:
+            raise ValueError(f"unknown predictors {unknown}; the program's predictors are {all_predictors}")
+        if config.select == "validation" and not val:
+            raise ValueError("select='validation' needs a valset: pass compile(..., valset=...) or use select='train'")
+        if config.val_gate and not val:
+            raise ValueError("val_gate=True needs a valset: pass compile(..., valset=...)")
+        if config.num_exemplars > len(train):
+            raise ValueError(
+                f"num_exemplars={config.num_exemplars} exceeds the trainset size {len(train)}; lower it"
+            )
+        if config.max_metric_calls is not None and config.max_metric_calls < len(train):
+            raise ValueError(
+                f"max_metric_calls={config.max_metric_calls} cannot even score the program as given on the "
+                f"{len(train)} training examples; raise it or use a smaller trainset"
+            )
+        targets = list(config.predictors or all_predictors)
+        data = cls(trainset=train, valset=val, targets=targets, label_free=config.label_free,
+                   output_fields={name: output_fields(program, name) for name in targets},
+                   label_keys=[sorted(example.labels().keys()) for example in train])
+        # Examples whose labels miss some target predictor's outputs: their runs record an exemplar answer.
+        data.needs_answer = [any(not data.label_fields(i, name) for name in targets) for i in range(len(train))]
+        return data
+
+    def examples(self, split: str) -> list[dspy.Example]:
+        """The training (``"train"``) or validation (``"val"``) examples."""
+        return self.trainset if split == "train" else self.valset
+
+    def label_fields(self, index: int, predictor: str) -> list[str]:
+        """The output fields of ``predictor`` that training example ``index`` has labels for (none when label-free)."""
+        if self.label_free:
+            return []
+        labels = set(self.label_keys[index])
+        return [name for name in self.output_fields[predictor] if name in labels]
+
+    def answer_fields(self, index: int, split: str) -> list[str] | None:
+        """The label keys an evaluation uses to record an exemplar answer; None when it records none."""
+        if split != "train" or not self.needs_answer[index]:
+            return None
+        return [] if self.label_free else self.label_keys[index]
+
+    def question(self, index: int) -> str:
+        """Training example ``index``'s inputs as the meta-prompt shows them."""
+        return render_fields(dict(self.trainset[index].inputs().items()))
+
+
+__all__ = ["RunData", "check_examples"]

@@ -1,0 +1,225 @@
+"""One evaluation: run a program on one example, score it with the metric, and say what happened.
+
+One evaluation is one program run on one example followed by the metric. It runs in a worker (a thread of the
+optimizer's pool or any ``concurrent.futures.Executor``, a Dask cluster included) with the caller's DSPy context
+(task LM, adapter) and a usage capture of its own (:mod:`dspy_opro.usage`), so usage is exact under any number of
+threads. :func:`run_example` never raises; its outcome says what went wrong (:mod:`dspy_opro.errors` classifies):
+
+* ``ok``: the program answered and the metric scored it (a wrong answer scores 0);
+* ``failed``: the program raised something that is not an infrastructure problem (for example the model's output
+  could not be parsed); the run scores ``failure_score`` and the error is recorded on the candidate;
+* ``infra``: an LM transport or provider failure (rate limit, server error, timeout, connection), or a worker that
+  died; retried once, then the example has no score and its candidate is recorded ``unscored``;
+* ``fatal``: authentication, billing or configuration errors; the run stops;
+* ``metric_error``: the metric raised or returned None, NaN or a value outside [0, 1]; the run stops and the error
+  names the example.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import dspy
+
+from dspy_opro.errors import EmptyResponseError, classify_exception, clean_text, describe_exception
+from dspy_opro.exemplars import NO_REFERENCE_NOTE, render_fields
+from dspy_opro.state import ModelUsage
+from dspy_opro.usage import UsageCapture
+
+logger = logging.getLogger(__name__)
+
+Outcome = Literal["ok", "failed", "infra", "fatal", "metric_error"]
+
+
+def metric_takes_trace(metric: Callable[..., Any]) -> bool:
+    """Whether ``metric`` accepts ``(example, prediction, trace)``; else it must accept ``(example, prediction)``.
+
+    Raises:
+        TypeError: The metric cannot be called with an example and a prediction.
+    """
+    try:
+        signature = inspect.signature(metric)
+    except (TypeError, ValueError):  # a builtin or extension callable without a signature: call it as DSPy does
+        return True
+    for arguments in (("example", "prediction", None), ("example", "prediction")):
+        try:
+            signature.bind(*arguments)
+        except TypeError:
+            continue
+        return len(arguments) == 3
+    name = getattr(metric, "__qualname__", type(metric).__name__)
+    raise TypeError(
+        f"the metric {name}{signature} cannot be called as metric(example, prediction) or "
+        "metric(example, prediction, trace); give it the parameters (example, prediction, trace=None)"
+    )
+
+
+def coerce_score(value: Any) -> float:
+    """Turn a metric's return value into a float in [0, 1], or raise ValueError saying what was wrong."""
+    if isinstance(value, dspy.Prediction) or (hasattr(value, "score") and not isinstance(value, (int, float))):
+        value = getattr(value, "score", None)
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    if value is None:
+        raise ValueError("the metric returned None")
+    try:
+        score = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"the metric returned {value!r}, which is not a number") from None
+    if math.isnan(score):
+        raise ValueError("the metric returned NaN")
+    if not 0.0 <= score <= 1.0:
+        raise ValueError(f"the metric returned {score}, outside [0, 1]")
+    return score
+
+
+def metric_feedback(value: Any) -> str | None:
+    """The textual feedback of a metric that returns ``dspy.Prediction(score=..., feedback=...)``."""
+    feedback = getattr(value, "feedback", None)
+    return feedback if isinstance(feedback, str) and feedback.strip() else None
+
+
+def exemplar_answer(prediction: Any, score: float | None, feedback: str | None, label_keys: list[str]) -> str:
+    """The answer shown for an example without usable labels (see :mod:`dspy_opro.exemplars`).
+
+    The program's output counts when the metric judged it fully right: its fields named like the example's labels,
+    or, when none is, all of its fields but a ReAct trajectory.
+    """
+    if prediction is not None and score is not None and score >= 1.0:
+        keys = [key for key in prediction.keys() if key != "trajectory"]
+        named = [key for key in keys if key in label_keys]
+        values = {key: prediction[key] for key in named or keys}
+        if values:
+            return render_fields(values)
+    if feedback:
+        return feedback
+    return NO_REFERENCE_NOTE
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One evaluation
+
+
+@dataclass
+class ExampleJob:
+    """Everything one evaluation needs; it travels to the worker (pickled for process-based executors)."""
+
+    candidate_id: int
+    index: int
+    program: Any
+    example: Any
+    metric: Callable[..., Any] | None
+    failure_score: float
+    settings: dict[str, Any]
+    split: str = "train"
+    answer_fields: list[str] | None = None  # set when the example needs an exemplar answer: the label keys
+    keep_trace: bool = False  # record the DSPy trace: handed to the metric, and returned when there is no metric
+    metric_takes_trace: bool = True  # call metric(example, prediction, trace); else metric(example, prediction)
+    judge_failures: bool = False  # label-free: a run the program failed goes to the metric (the judge) as well
+
+
+@dataclass
+class ExampleResult:
+    candidate_id: int
+    index: int
+    outcome: Outcome
+    score: float | None = None
+    error: str | None = None
+    answer: str | None = None
+    usage: dict[str, ModelUsage] = field(default_factory=dict)
+    split: str = "train"
+    prediction: Any = None
+    trace: list[Any] | None = None
+    stage: Literal["program", "metric"] = "program"  # where the error (if any) was raised
+    model: str | None = None  # the model a fatal or infra error names, when the error says
+
+
+# How long a failed evaluation waits for LM calls its program started on other threads and left running: they
+# are paid for, so their usage must be counted (DSPy's parallel executor can raise with its workers still busy).
+SETTLE_SECONDS = 30.0
+
+
+def run_example(job: ExampleJob, *, transport_retries: int = 1) -> ExampleResult:
+    """Run the program on one example and score it; never raises (the outcome says what happened).
+
+    The program's exceptions are classified by :func:`dspy_opro.errors.classify_exception`. So are the metric's: an
+    LM error inside the metric (an LLM judge) is retried once when transient and stops the run when fatal, like the
+    program's; any other exception of the metric is a ``metric_error``.
+    """
+    capture = UsageCapture()
+    prediction: Any = None
+    trace: list[Any] = []
+    program_error: str | None = None
+    attempts = 0
+    while True:
+        attempts += 1
+        trace = []
+        try:
+            with capture.active(trace=trace, **job.settings):
+                prediction = job.program(**job.example.inputs())
+            if isinstance(prediction, dspy.Prediction) and not list(prediction.keys()):
+                raise EmptyResponseError("the model returned no choices, so the program produced no outputs")
+            break
+        except Exception as exc:  # the program's own failure, classified below
+            kind = classify_exception(exc)
+            if kind == "infra" and attempts <= transport_retries:
+                logger.debug("Retrying example %d after %s", job.index, describe_exception(exc))
+                continue
+            if kind == "failed" and job.judge_failures and job.metric is not None:
+                # The judge compares the failure with the anchor, as it would any other trajectory.
+                prediction, program_error = exc, describe_exception(exc)
+                break
+            score = job.failure_score if kind == "failed" else None
+            answer = NO_REFERENCE_NOTE if job.answer_fields is not None else None
+            return ExampleResult(job.candidate_id, job.index, kind, score=score, error=describe_exception(exc),
+                                 answer=answer, usage=capture.result(settle=SETTLE_SECONDS), split=job.split,
+                                 trace=trace if job.keep_trace and job.metric is None else None,
+                                 model=getattr(exc, "model", None))
+    if job.metric is None:
+        return ExampleResult(job.candidate_id, job.index, "ok", usage=capture.result(), split=job.split,
+                             prediction=prediction, trace=trace if job.keep_trace else None)
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            with capture.active(**job.settings):
+                if job.metric_takes_trace:
+                    value = job.metric(job.example, prediction, trace if job.keep_trace else None)
+                else:
+                    value = job.metric(job.example, prediction)
+            score = coerce_score(value)
+            break
+        except Exception as exc:
+            kind = classify_exception(exc)
+            if kind == "infra" and attempts <= transport_retries:
+                logger.debug("Retrying the metric on example %d after %s", job.index, describe_exception(exc))
+                continue
+            outcome: Outcome = kind if kind in ("infra", "fatal") else "metric_error"
+            return ExampleResult(job.candidate_id, job.index, outcome, error=describe_exception(exc),
+                                 usage=capture.result(settle=SETTLE_SECONDS), split=job.split, stage="metric",
+                                 model=getattr(exc, "model", None))
+    answer = None
+    if job.answer_fields is not None:
+        shown = None if program_error else prediction
+        answer = clean_text(exemplar_answer(shown, score, metric_feedback(value), job.answer_fields))
+    return ExampleResult(job.candidate_id, job.index, "failed" if program_error else "ok", score=score,
+                         error=program_error, answer=answer,
+                         usage=capture.result(settle=SETTLE_SECONDS if program_error else 0.0), split=job.split)
+
+
+__all__ = [
+    "SETTLE_SECONDS",
+    "ExampleJob",
+    "ExampleResult",
+    "Outcome",
+    "coerce_score",
+    "exemplar_answer",
+    "metric_feedback",
+    "metric_takes_trace",
+    "run_example",
+]

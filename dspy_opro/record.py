@@ -1,0 +1,272 @@
+"""The files of a run record: ``state.json``, the journal and the lock.
+
+With a ``log_dir``, the run record (:class:`dspy_opro.state.RunState`) is kept on disk so that a crash at any
+moment loses nothing paid for (:mod:`dspy_opro.resume` decides when to write and how to resume):
+
+* ``state.json`` is written atomically (temporary file, fsync, rename) before step -1's first evaluation, after
+  every finished candidate and every step; a damaged file is reported as corrupt (:class:`StateFileError`), never
+  taken for a fresh start;
+* ``progress.jsonl`` journals every finished evaluation between two snapshots, with the candidate's instruction
+  digest and the usage it cost; on resume the entries are replayed into the snapshot (an entry whose digest does
+  not match its candidate is ignored), so a SIGKILL repeats at most the evaluations in flight;
+* ``run.lock`` (an OS lock) admits one run per ``log_dir``: a second process is refused at once.
+
+A different configuration, dataset or program is refused by :func:`check_fingerprint`, naming what differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from dspy_opro.errors import LogDirError, RunInProgressError, StateFileError
+from dspy_opro.state import SCHEMA_VERSION, Fingerprint, RunState
+
+STATE_FILE = "state.json"
+PROGRESS_FILE = "progress.jsonl"
+LOCK_FILE = "run.lock"
+
+
+def check_log_dir_is_folder(log_dir: str) -> None:
+    """Refuse a ``log_dir`` that is a file, before any LM call."""
+    path = Path(log_dir)
+    if path.exists() and not path.is_dir():
+        raise LogDirError(f"log_dir {str(path)!r} is a file, not a folder. Pass the path of a folder (it is created "
+                          "if missing), or move the file away.")
+
+
+def check_log_dir_writable(log_dir: str) -> None:
+    """Refuse a ``log_dir`` where no file can be written, before any LM call (a finished run's folder may be
+    read-only: its result is returned without writing)."""
+    path = Path(log_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=path)
+        try:
+            os.write(fd, b"\0" * 4096)  # a full disk refuses data, not always an empty file
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        raise LogDirError(f"log_dir {str(path)!r} cannot hold the run record: {exc.strerror or exc}. Choose a "
+                          "folder you can write to, on a disk with free space.") from exc
+
+
+def _default_file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+_FILE_MODE = _default_file_mode()
+
+
+def save_state(state: RunState, log_dir: str | os.PathLike[str]) -> Path:
+    """Write ``state.json`` atomically: a temporary file in the same folder, fsync, rename, fsync the folder."""
+    folder = Path(log_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / STATE_FILE
+    payload = state.model_dump_json()
+    fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".tmp", dir=folder)
+    try:
+        os.chmod(tmp, _FILE_MODE)  # mkstemp creates 0600; state.json gets the mode of every other file written
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # platforms without directory handles
+        return target
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return target
+
+
+def load_state(log_dir: str | os.PathLike[str]) -> RunState | None:
+    """Read ``state.json`` from ``log_dir`` (None when absent); a corrupt file is an error, never a fresh start."""
+    path = Path(log_dir) / STATE_FILE
+    if not path.exists():
+        return None
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise StateFileError(f"cannot read {path}: {exc}. Fix its permissions or choose another log_dir.") from exc
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StateFileError(
+            f"{path} is corrupt ({exc}); it is not valid JSON. Restore it from a backup, or delete the log_dir "
+            "to start a fresh run."
+        ) from exc
+    if not isinstance(data, dict):
+        raise StateFileError(f"{path} is corrupt: it holds JSON but not an OPRO run record. Restore it from a backup, "
+                             "or delete the log_dir to start a fresh run.")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise StateFileError(
+            f"{path} has schema version {version!r}; this dspy-opro reads version {SCHEMA_VERSION}. "
+            "Use the dspy-opro version that wrote it, or choose another log_dir."
+        )
+    try:
+        return RunState.model_validate(data)
+    except ValidationError as exc:
+        raise StateFileError(f"{path} does not hold a valid OPRO run record: {exc}") from exc
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 100 else f"{text[:48]}...{text[-48:]}"  # the end of a metric's name is its digest
+
+
+def check_fingerprint(saved: RunState, fingerprint: Fingerprint, log_dir: str | os.PathLike[str]) -> None:
+    """Refuse to resume a run whose configuration, data or program differ from the saved one.
+
+    The refusal names each differing setting with its saved and its new value.
+    """
+    labels = {
+        "config": "the optimizer configuration",
+        "trainset": "the trainset",
+        "valset": "the valset",
+        "program": "the program's structure, instructions or demos",
+    }
+    differ = []
+    for name, label in labels.items():
+        if getattr(saved.fingerprint, name) == getattr(fingerprint, name):
+            continue
+        if name == "config" and saved.fingerprint.settings:
+            old, new = saved.fingerprint.settings, fingerprint.settings
+            changes = [f"{key}: {_shown(old.get(key))} -> {_shown(new.get(key))}"
+                       for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+            if changes:
+                label = f"{label} ({'; '.join(changes)})"
+        differ.append(label)
+    if differ:
+        raise StateFileError(
+            f"{Path(log_dir) / STATE_FILE} belongs to a different run: {', '.join(differ)} differ(s) from the saved "
+            "run. Resume with the same settings, data and program, or choose a new log_dir."
+        )
+
+
+class LogDirLock:
+    """An OS lock (``fcntl.flock``) on ``log_dir/run.lock``, held for the whole compile: one run per ``log_dir``.
+
+    The OS releases it when the process dies, so a killed run never leaves a stale lock behind.
+    """
+
+    def __init__(self, log_dir: str | os.PathLike[str]):
+        self.path = Path(log_dir) / LOCK_FILE
+        self._handle: Any = None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise :class:`RunInProgressError` at once; an unwritable folder raises ``OSError``."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+b")  # noqa: SIM115 - held for the run
+        try:
+            import fcntl
+        except ImportError:  # no fcntl (Windows): no lock
+            self._handle = handle
+            return
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            raise RunInProgressError(
+                f"an OPRO run is in progress in {self.path.parent} (another process, or another compile in this one, "
+                f"holds {self.path}). Wait for it to finish, or give this compile another log_dir."
+            ) from None
+        self._handle = handle
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()  # closing the file releases the lock
+            self._handle = None
+
+
+class ProgressJournal:
+    """Append-only log of finished (candidate, example) evaluations between two snapshots of ``state.json``.
+
+    Each entry carries the candidate's instruction digest and the evaluation's usage, so a resumed run applies it
+    only to the same instruction and knows what was spent. Lines are flushed as they are written, so a killed
+    process loses none (the OS keeps them). A torn last line, from a crash in the middle of a write (even in the
+    middle of a multi-byte character), is ignored on reading, and the next append starts on a new line. The file is
+    opened at the first append, so a finished run in a read-only ``log_dir`` never needs to write.
+    """
+
+    def __init__(self, log_dir: str | os.PathLike[str]):
+        self.path = Path(log_dir) / PROGRESS_FILE
+        self._handle: Any = None
+
+    def _open(self) -> Any:
+        if self._handle is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(self.path, "ab")  # noqa: SIM115 - open for the run
+            if handle.tell() > 0:
+                with open(self.path, "rb") as existing:
+                    existing.seek(-1, os.SEEK_END)
+                    if existing.read(1) != b"\n":  # a torn last line: never glue an entry to it
+                        handle.write(b"\n")
+            self._handle = handle
+        return self._handle
+
+    def append(self, entry: dict[str, Any]) -> None:
+        handle = self._open()
+        handle.write((json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8"))
+        handle.flush()
+
+    def clear(self) -> None:
+        """Forget the entries: the snapshot just written holds them."""
+        if self._handle is None and not self.path.exists():
+            return
+        handle = self._open()
+        handle.truncate(0)
+        handle.seek(0)
+        handle.flush()
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    @staticmethod
+    def read(log_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+        """The entries, skipping lines that are not whole JSON objects in UTF-8 (a torn write at a crash)."""
+        path = Path(log_dir) / PROGRESS_FILE
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return []
+        entries = []
+        for line in data.split(b"\n"):
+            try:
+                entry = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                continue
+            if isinstance(entry, dict):
+                entries.append(entry)
+        return entries
+
+
+__all__ = [
+    "LOCK_FILE",
+    "PROGRESS_FILE",
+    "STATE_FILE",
+    "LogDirLock",
+    "ProgressJournal",
+    "check_fingerprint",
+    "check_log_dir_is_folder",
+    "check_log_dir_writable",
+    "load_state",
+    "save_state",
+]

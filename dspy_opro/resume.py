@@ -1,0 +1,229 @@
+"""Opening, resuming and saving one run's record: when to write, what to replay, when a saved run continues.
+
+:class:`RunRecorder` is the run's only way to the disk (:mod:`dspy_opro.record` holds the files). Without a
+``log_dir`` it keeps nothing and every call is a no-op. With one, :meth:`RunRecorder.open` returns the run record:
+
+* a finished run is returned as it is, without taking the lock, so a read-only folder still gives its result;
+* otherwise the folder must be writable, the lock is taken (a second process is refused at once), the saved record
+  is read again under the lock, checked against this compile's fingerprint, and the journal is replayed into it;
+* a run stopped by its budget continues when the budget now allows more, a finished run continues from its last
+  step when ``num_steps`` grew, a failed or interrupted run continues where it was, and candidates an outage left
+  unscored are tried again;
+* without a saved record, a new one is made.
+
+Every finished evaluation is journaled with what it cost (:meth:`journal`), and every snapshot clears the journal.
+:meth:`end` marks a run that an exception or Ctrl-C ended, saves it with its report and says how to resume.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from dspy_opro.config import OPROConfig
+from dspy_opro.errors import LogDirError, describe_exception
+from dspy_opro.evaluation import ExampleResult
+from dspy_opro.record import (
+    STATE_FILE,
+    LogDirLock,
+    ProgressJournal,
+    check_fingerprint,
+    check_log_dir_is_folder,
+    check_log_dir_writable,
+    load_state,
+    save_state,
+)
+from dspy_opro.scoring import CUT_SHORT, LM_FAILURES, Budget
+from dspy_opro.state import Candidate, Fingerprint, ModelUsage, RunState, record_result
+
+logger = logging.getLogger(__name__)
+
+
+class RunRecorder:
+    """The run record's persistence for one compile (a no-op without ``log_dir``)."""
+
+    def __init__(self, config: OPROConfig):
+        self.config = config
+        self.log_dir = config.log_dir
+        self._lock = LogDirLock(self.log_dir) if self.log_dir else None
+        self._journal = ProgressJournal(self.log_dir) if self.log_dir else None
+        if self.log_dir:
+            check_log_dir_is_folder(self.log_dir)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Opening
+
+    def open(self, fingerprint: Fingerprint, new_record: Callable[[], RunState]) -> RunState:
+        """The saved run record (checked, replayed, reopened as the settings allow), or ``new_record()``."""
+        if not self.log_dir:
+            return new_record()
+        saved = load_state(self.log_dir)
+        if saved is not None and saved.selection is not None and not self._wants_more_steps(saved):
+            # A finished run: its result needs no lock, so a read-only log_dir still returns it.
+            check_fingerprint(saved, fingerprint, self.log_dir)
+            if not self._budget_allows_more(saved):
+                self._lock = None
+                return saved
+        check_log_dir_writable(self.log_dir)
+        self._lock.acquire()
+        try:
+            saved = load_state(self.log_dir)  # read again under the lock: another run may have just written it
+            if saved is None:
+                return new_record()
+            check_fingerprint(saved, fingerprint, self.log_dir)
+            self._replay_journal(saved)
+            logger.info("Resuming the OPRO run in %s: %d candidates, %d steps recorded", self.log_dir,
+                        len(saved.candidates), len(saved.steps))
+            self._reopen(saved)
+            return saved
+        except BaseException:
+            self.close()
+            raise
+
+    def _replay_journal(self, state: RunState) -> None:
+        """Apply evaluations that finished after the last snapshot of ``state.json``, with what they cost.
+
+        An entry applies only to the candidate with the same instruction digest, and only where the snapshot has
+        no score yet (a crash between writing the snapshot and clearing the journal leaves entries it holds).
+        """
+        for entry in ProgressJournal.read(self.log_dir):
+            try:
+                number, index, split = int(entry["c"]), int(entry["i"]), entry.get("split", "train")
+                candidate = state.candidates[number] if 0 <= number < len(state.candidates) else None
+                if candidate is None or entry.get("d") != candidate.md5:
+                    continue
+                scores = candidate.scores if split == "train" else candidate.val_scores
+                if split == "train" and candidate.status != "pending":
+                    continue
+                if split == "val" and scores is None:
+                    scores = candidate.val_scores = [None] * state.val_size
+                if not 0 <= index < len(scores) or scores[index] is not None or entry.get("s") is None:
+                    continue
+                usage = {model: ModelUsage.model_validate(value) for model, value in (entry.get("u") or {}).items()}
+                outcome, score = str(entry["o"]), float(entry["s"])
+            except (KeyError, TypeError, ValueError):
+                continue  # not an entry this version wrote
+            record_result(candidate, index=index, split=split, outcome=outcome, score=score, error=entry.get("e"),
+                          answer=entry.get("a"))
+            if "t" in entry:
+                state.anchors[f"{split}:{index}"] = entry["t"]
+            state.usage.record("task", usage)
+            state.metric_calls += 1
+
+    def _wants_more_steps(self, state: RunState) -> bool:
+        return self.config.num_steps > len(state.steps) and state.status != "stopped"
+
+    def _budget_allows_more(self, state: RunState) -> bool:
+        """Whether a run its budget stopped continues now: the budget allows more than it had."""
+        if state.status != "stopped":
+            return False
+        budget = Budget(self.config.max_metric_calls, self.config.max_cost, metric_calls=state.metric_calls,
+                        cost_so_far=lambda: state.usage.total_cost)
+        return budget.exhausted() is None
+
+    def _reopen(self, state: RunState) -> None:
+        """Let a saved run continue where the settings now allow it."""
+        if self._budget_allows_more(state):
+            logger.info("The saved run stopped (%s); the budget now allows more, so it continues", state.stop_reason)
+            state.status, state.stop_reason, state.selection = "running", None, None
+            for candidate in state.candidates:
+                if candidate.status == "unscored" and (candidate.reason or "").startswith(CUT_SHORT):
+                    candidate.status, candidate.reason = "pending", None
+        if state.selection is not None and self._wants_more_steps(state):
+            logger.info("The saved run finished after %d steps; num_steps=%d continues it", len(state.steps),
+                        self.config.num_steps)
+            state.status, state.selection = "running", None
+            state.config["num_steps"] = self.config.num_steps
+        if state.status in ("failed", "interrupted") and state.selection is None:
+            logger.info("The saved run was %s (%s); it continues", state.status, state.stop_reason)
+            state.status, state.stop_reason = "running", None
+        if state.selection is None:  # candidates an outage left unscored are tried again
+            for candidate in state.candidates:
+                if candidate.status == "unscored" and (candidate.reason or "").startswith(LM_FAILURES):
+                    candidate.status, candidate.reason = "pending", None
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Writing
+
+    def journal(self, candidate: Candidate, result: ExampleResult, anchor: str | None = None) -> None:
+        """Journal one finished evaluation: the candidate's instruction digest, the outcome and what it cost."""
+        if self._journal is None:
+            return
+        entry = {"c": result.candidate_id, "d": candidate.md5, "i": result.index, "o": result.outcome,
+                 "s": result.score, "e": result.error, "a": result.answer, "split": result.split,
+                 "u": {model: usage.model_dump() for model, usage in result.usage.items()}}
+        if anchor is not None:
+            entry["t"] = anchor
+        self._journal.append(entry)
+
+    def save_first(self, state: RunState) -> None:
+        """The first snapshot, before anything is paid for: the journal entries of step -1 need it."""
+        if self.log_dir and not (Path(self.log_dir) / STATE_FILE).exists():
+            self.save(state)
+
+    def save(self, state: RunState, *, final: bool = False) -> None:
+        """Write ``state.json`` (and, when ``final``, ``report.md`` and the plot); the journal starts afresh."""
+        if not self.log_dir:
+            return
+        try:
+            save_state(state, self.log_dir)
+        except OSError as exc:  # the previous state.json is intact: the write goes to a temporary file first
+            full = exc.errno == errno.ENOSPC
+            raise LogDirError(
+                f"cannot write the run record to {self.log_dir!r}: {exc.strerror or exc}. What was saved before "
+                f"is kept; {'free disk space' if full else 'fix the folder'} and compile again with the same log_dir "
+                "to resume."
+            ) from exc
+        self._journal.clear()
+        if final:
+            try:
+                from dspy_opro.report import write_run_report
+
+                write_run_report(state, self.log_dir)
+            except Exception as exc:  # a report must never cost the run
+                logger.warning("Could not write the run report: %s", exc)
+
+    def write_step_report(self, state: RunState, step: int) -> None:
+        """``steps/NNN/``: the exact meta-prompt, the replies and the step's report."""
+        if not self.log_dir:
+            return
+        try:
+            from dspy_opro.report import write_step_files
+
+            write_step_files(state, step, self.log_dir)
+        except Exception as exc:  # a report must never cost the run
+            logger.warning("Could not write the report of step %d: %s", step, exc)
+
+    def end(self, state: RunState, exc: BaseException) -> None:
+        """Mark the record ``interrupted`` or ``failed``, save it with ``report.md``, and say how to resume."""
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        state.status = "interrupted" if interrupted else "failed"
+        state.stop_reason = "interrupted by the user (KeyboardInterrupt)" if interrupted else describe_exception(exc)
+        reason = state.stop_reason.rstrip(".")
+        if not self.log_dir:
+            logger.error("OPRO run %s: %s. No log_dir was set, so nothing was saved; pass log_dir=... to be able "
+                         "to resume.", state.status, reason)
+            return
+        where = os.path.abspath(self.log_dir)
+        try:
+            self.save(state, final=True)
+        except Exception as save_exc:  # never hide the original error behind a failed save
+            logger.error("Could not save the run record: %s", save_exc)
+            logger.error("OPRO run %s: %s. The run record in %s holds what was saved before; compile again with the "
+                         "same log_dir to resume from there.", state.status, reason, where)
+            return
+        logger.error("OPRO run %s: %s. The run record is in %s (report.md shows it); compile again with the same "
+                     "log_dir to resume.", state.status, reason, where)
+
+    def close(self) -> None:
+        """Close the journal and release the lock."""
+        if self._journal is not None:
+            self._journal.close()
+        if self._lock is not None:
+            self._lock.release()
+
+
+__all__ = ["RunRecorder"]
