@@ -29,13 +29,13 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import dspy  # noqa: E402
 
 from dspy_opro import OPROTeleprompter  # noqa: E402
+from dspy_opro.record import PROGRESS_FILE, STATE_FILE  # noqa: E402
 from dspy_opro.report import (  # noqa: E402
     REPORT_FILE,
     TRAJECTORY_FILE,
     format_usage,
     trajectory_rows,
 )
-from dspy_opro.record import PROGRESS_FILE, STATE_FILE  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "word_problems.jsonl"
 OUT_DIR = Path("runs") / "quickstart"

@@ -25,8 +25,8 @@ from dspy_opro import FatalLMError, LogDirError, MetricError, OPRORunError, OPRO
 from dspy_opro.errors import check_model_ready, classify_exception, clean_text
 from dspy_opro.exemplars import draw_exemplar_indices
 from dspy_opro.meta_prompt import instruction_md5
-from dspy_opro.report import REPORT_FILE
 from dspy_opro.record import STATE_FILE, load_state
+from dspy_opro.report import REPORT_FILE
 from dspy_opro.state import ErrorRecord
 from dspy_opro.testing import FaultConfig, SimulatedEndpoint, simulated_dataset, simulated_metric
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from dspy_opro.__main__ import main
+from dspy_opro.record import STATE_FILE, save_state
 from dspy_opro.report import (
     format_usage,
     plot_trajectory,
@@ -29,7 +30,6 @@ from dspy_opro.report import (
     write_run_report,
     write_step_files,
 )
-from dspy_opro.record import STATE_FILE, save_state
 from dspy_opro.state import (
     Candidate,
     Fingerprint,
