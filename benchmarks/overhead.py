@@ -39,6 +39,11 @@ The script also measures a synthetic run record (:class:`dspy_opro.state.RunStat
     python benchmarks/overhead.py            # writes benchmarks/results/overhead.md
     python benchmarks/overhead.py --quick    # a short run, same report
     python benchmarks/overhead.py --profile 32   # also profile OPRO at 32 threads with py-spy
+
+It also measures the two per-evaluation ratios of issue 14 with ``overhead_per_eval.py`` (OPRO's time per
+evaluation against stock ``dspy.Evaluate``, side by side: in-process with ``DummyLM`` at 4 threads, through LiteLLM
+at 16 threads) and writes them as that script's section of the report; ``--no-ratios`` skips them and keeps the
+section already in the file.
 """
 
 from __future__ import annotations
@@ -530,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=int, default=None, metavar="THREADS",
                         help="profile one more OPRO run at THREADS with py-spy (pip install py-spy)")
     parser.add_argument("--quick", action="store_true", help="a short run: 1 step x 4 candidates x 16 examples")
+    parser.add_argument("--no-ratios", dest="ratios", action="store_false",
+                        help="skip the per-evaluation ratios against dspy.Evaluate (overhead_per_eval.py)")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
     if args.quick:
@@ -580,7 +587,17 @@ def main(argv: list[str] | None = None) -> int:
               f"state.json {memory['file_mb']:.1f} MB")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(Path(__file__).parent))
+    import overhead_per_eval as per_eval
+
+    section = per_eval.existing_section(out)
+    if args.ratios:
+        section = per_eval.keep_diagnosis(
+            per_eval.build_section(["--no-probes", "--no-units", "--latency", str(args.latency)]
+                                   + (["--quick"] if args.quick else [])), section)
     out.write_text(render(results, memory, args, machine(), profiled, phases), encoding="utf-8")
+    if section is not None:
+        per_eval.write_section(section, out)
     print(f"wrote {out}")
     return 0
 
