@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dspy_opro.state import Candidate, RunState
+from dspy_opro.state import Candidate, RunState, best_candidate
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -112,8 +112,8 @@ def _best_so_far_line(scored: list[Candidate]) -> list[tuple[int, float]]:
     line: list[tuple[int, float]] = []
     best: float | None = None
     for step in sorted({c.step for c in scored}):
-        top = max(c.score for c in scored if c.step == step)  # type: ignore[type-var]
-        best = top if best is None else max(best, top)
+        top = best_candidate(c for c in scored if c.step == step).score  # type: ignore[union-attr]
+        best = top if best is None else max(best, top)  # type: ignore[type-var]
         line.append((step, round(best * 100, 6)))
     return line
 

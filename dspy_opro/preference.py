@@ -187,7 +187,7 @@ def _render_react(trajectory: dict[str, Any], max_observation_chars: int) -> lis
     return blocks
 
 
-def _predictor_label(predictor: Any) -> str:
+def _trace_step_label(predictor: Any) -> str:
     signature = getattr(predictor, "signature", None)
     spelled = getattr(signature, "signature", None)
     return spelled if isinstance(spelled, str) else type(predictor).__name__
@@ -205,7 +205,7 @@ def _render_trace(
         except (TypeError, ValueError):
             blocks.append(f"Step {number}\n{_format_value(entry)}")
             continue
-        lines = [f"Step {number} ({_predictor_label(predictor)})"]
+        lines = [f"Step {number} ({_trace_step_label(predictor)})"]
         input_fields = [(str(k), v) for k, v in dict(inputs or {}).items() if k not in label_fields]
         if input_fields:
             lines.append("Inputs:")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dspy_opro.plot import PLOT_INSTALL_HINT, plot_trajectory  # noqa: F401 (re-exported; the plot lives there)
-from dspy_opro.state import Candidate, ModelUsage, RunState, Step, UsageRecord
+from dspy_opro.state import Candidate, ModelUsage, RunState, Step, UsageRecord, best_candidate, ranked_candidates
 
 __all__ = [
     "REPORT_FILE",
@@ -150,16 +150,6 @@ def _require_step(state: RunState, step: int) -> Step:
     return record
 
 
-def _best_of(candidates: list[Candidate]) -> Candidate | None:
-    """The best scored candidate; the earliest wins a tie (as :meth:`RunState.best`)."""
-    best: Candidate | None = None
-    for candidate in candidates:
-        if candidate.status == "scored" and candidate.score is not None:
-            if best is None or candidate.score > best.score:  # type: ignore[operator]
-                best = candidate
-    return best
-
-
 def _step_numbers(state: RunState) -> list[int]:
     """Every step with a record or a candidate, the start (-1) first when it has candidates."""
     return sorted({s.step for s in state.steps} | {c.step for c in state.candidates})
@@ -170,7 +160,7 @@ def _candidates_of(state: RunState, step: int) -> list[Candidate]:
 
 
 def _best_so_far(state: RunState, step: int) -> Candidate | None:
-    return _best_of([c for c in state.candidates if c.step <= step])
+    return best_candidate(c for c in state.candidates if c.step <= step)
 
 
 def _status_text(candidate: Candidate) -> str:
@@ -185,7 +175,7 @@ def _where(candidate: Candidate) -> str:
     return f"step {candidate.step}, predictor {_predictor_label(candidate.predictor)}"
 
 
-def _describe(candidate: Candidate) -> str:
+def _candidate_label(candidate: Candidate) -> str:
     return f"candidate {candidate.id}, {_where(candidate)}"
 
 
@@ -201,7 +191,7 @@ def trajectory_rows(state: RunState) -> list[dict[str, Any]]:
             predictor = record.predictor
         else:
             predictor = next((c.predictor for c in candidates if c.predictor is not None), None)
-        best = _best_of(candidates)
+        best = best_candidate(candidates)
         so_far = _best_so_far(state, step)
         rows.append(
             {
@@ -250,7 +240,7 @@ def render_step_report(state: RunState, step: int) -> str:
     record = _require_step(state, step)
     by_id = _by_id(state)
     candidates = _candidates_of(state, step)
-    best = _best_of(candidates)
+    best = best_candidate(candidates)
     so_far = _best_so_far(state, step)
     fates = Counter(reply.fate for reply in record.replies)
 
@@ -266,7 +256,7 @@ def render_step_report(state: RunState, step: int) -> str:
     if not record.complete:
         lines.append("- Complete: no (the run stopped or was interrupted during this step)")
     lines.append(f"- Best this step: {_fmt_pct(best.score) + f' (candidate {best.id})' if best else DASH}")
-    lines.append(f"- Best so far: {_fmt_pct(so_far.score) + f' ({_describe(so_far)})' if so_far else DASH}")
+    lines.append(f"- Best so far: {_fmt_pct(so_far.score) + f' ({_candidate_label(so_far)})' if so_far else DASH}")
 
     lines += ["", "## Replies", ""]
     if record.replies:
@@ -333,8 +323,7 @@ def _instruction_blocks(candidate: Candidate) -> list[str]:
 
 
 def _top_candidates(state: RunState, k: int = TOP_INSTRUCTIONS) -> list[Candidate]:
-    scored = [c for c in state.candidates if c.status == "scored" and c.score is not None]
-    return sorted(scored, key=lambda c: (-c.score, c.id))[:k]  # type: ignore[operator]
+    return ranked_candidates(state.candidates)[:k]
 
 
 def render_run_report(state: RunState) -> str:
@@ -357,7 +346,7 @@ def render_run_report(state: RunState) -> str:
     status_text = ", ".join(f"{s} {counts[s]}" for s in ("scored", "unscored", "skipped", "pending") if counts[s])
     lines.append(f"- Candidates: {len(state.candidates)}" + (f" ({status_text})" if status_text else ""))
     lines.append(f"- Metric calls: {state.metric_calls:,}")
-    lines.append(f"- Best training score: {_fmt_pct(best.score) + f' ({_describe(best)})' if best else DASH}")
+    lines.append(f"- Best training score: {_fmt_pct(best.score) + f' ({_candidate_label(best)})' if best else DASH}")
 
     lines += ["", "## Settings", ""]
     if state.config:

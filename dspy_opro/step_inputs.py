@@ -60,8 +60,8 @@ class ExemplarPicker:
                 difficulties.append(1.0 - sum(values) / len(values) if values else 1.0)
         if self._features is None:
             self._features = QuestionFeatures.build([self.data.question(i) for i in range(len(self.data.trainset))])
-        selection = self._features.select(difficulties, k, subset=eligible, theta=config.diversity_theta)
-        return sorted(eligible[j] for j in selection.indices)
+        picked = self._features.select(difficulties, k, subset=eligible, theta=config.diversity_theta)
+        return sorted(eligible[j] for j in picked.indices)
 
     def pairs(self, indices: list[int], predictor: str, state: RunState) -> list[tuple[str, str]]:
         """The drawn problems as (question, answer): the labels, else the best program's recorded answer."""
