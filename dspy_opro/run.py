@@ -32,6 +32,7 @@ from dspy_opro.data import RunData
 from dspy_opro.errors import OPRORunError, ProgramError, check_model_ready
 from dspy_opro.evaluation import ExampleResult, metric_takes_trace
 from dspy_opro.meta_prompt import gen_meta_prompt, instruction_md5
+from dspy_opro.placement import AFTER_INPUTS
 from dspy_opro.programs import read_instructions, with_instructions
 from dspy_opro.proposer import honours_n, propose
 from dspy_opro.resume import RunRecorder
@@ -357,6 +358,10 @@ class OPRORun:
         ]
         program.opro_run = state
         mark_compiled(program)
+        if self.config.instruction_pos in AFTER_INPUTS:
+            logger.warning("instruction_pos=%r: the returned program carries the instruction as the default of an "
+                           "extra input field, which DSPy's JSON save (program.save('x.json')) does not keep; save it "
+                           "with program.save(folder, save_program=True) to keep it", self.config.instruction_pos)
         return program
 
 

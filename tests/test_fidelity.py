@@ -10,6 +10,7 @@ exemplar draws through the run's own draw, the optimizer call through :func:`dsp
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -256,9 +257,14 @@ def _task_messages(endpoint: SimulatedEndpoint) -> list[tuple[str, str]]:
     return [(r.messages[0]["content"], r.messages[1]["content"]) for r in endpoint.requests if r.kind == "task"]
 
 
-def test_q_end_puts_the_text_after_the_question() -> None:
-    with SimulatedEndpoint() as endpoint:
+def test_q_end_puts_the_text_after_the_question(caplog: pytest.LogCaptureFixture) -> None:
+    with SimulatedEndpoint() as endpoint, caplog.at_level(logging.WARNING, logger="dspy_opro.run"):
         compiled = _compile_at_endpoint(endpoint, instruction_pos="Q_end")
+        # Saving: the user is told at once that a JSON state file would lose the text.
+        assert [r.getMessage() for r in caplog.records if "save_program=True" in r.getMessage()] == [
+            "instruction_pos='Q_end': the returned program carries the instruction as the default of an extra input "
+            "field, which DSPy's JSON save (program.save('x.json')) does not keep; save it with "
+            "program.save(folder, save_program=True) to keep it"]
         meta_prompt = next(r.messages[0]["content"] for r in endpoint.requests if r.kind == "opro")
         tasks = _task_messages(endpoint)
         texts = [c.instruction or c.instructions["self"] for c in compiled.opro_run.candidates
