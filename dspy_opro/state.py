@@ -39,12 +39,19 @@ class ModelUsage(BaseModel):
     """Calls, tokens and cost of one model (or of one role: optimizer, task)."""
 
     calls: int = 0
+    """Successful LM calls, cache hits included."""
     cache_hits: int = 0
+    """Calls answered from DSPy's cache: no tokens and no cost."""
     prompt_tokens: int = 0
+    """Prompt tokens the provider billed."""
     completion_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens the provider served from its prompt cache (billed at a discount)
+    """Completion tokens the provider billed."""
+    cached_tokens: int = 0
+    """Prompt tokens the provider served from its prompt cache (billed at a discount); part of `prompt_tokens`."""
     cost: float = 0.0
-    unpriced_calls: int = 0  # calls made with no price known: the cost is then a lower bound
+    """USD: LiteLLM's per-response cost where the response carries one, else LiteLLM's price map by the tokens."""
+    unpriced_calls: int = 0
+    """Calls of a model with no known price: `cost` is then a lower bound (`cost_known` is false)."""
 
     @property
     def cost_known(self) -> bool:
@@ -64,8 +71,11 @@ class UsageRecord(BaseModel):
     """Usage of the optimizer model and of everything run while scoring (task model, judges inside the metric)."""
 
     optimizer: ModelUsage = Field(default_factory=ModelUsage)
+    """The optimizer model's calls: the meta-prompt requests."""
     task: ModelUsage = Field(default_factory=ModelUsage)
+    """Every call made while scoring: the program's (on any thread it starts) and the metric's (an LLM judge)."""
     by_model: dict[str, ModelUsage] = Field(default_factory=dict)
+    """The same calls by model name (as `dspy.LM.model` gives it), both roles together."""
 
     def record(self, role: Literal["optimizer", "task"], per_model: dict[str, ModelUsage]) -> None:
         for model, usage in per_model.items():
@@ -80,10 +90,14 @@ class UsageRecord(BaseModel):
 class ErrorRecord(BaseModel):
     """One distinct exception the program raised while a candidate was evaluated (infrastructure failures aside)."""
 
-    error: str  # "Type: message" of its first occurrence
-    example: int  # the first example it was raised on
+    error: str
+    """`"Type: message"` of its first occurrence."""
+    example: int
+    """The index of the first example it was raised on, in the trainset or the valset (`split`)."""
     split: Literal["train", "val"] = "train"
-    count: int = 1  # evaluations that raised exactly this
+    """Where `example` is: `"train"` or `"val"`."""
+    count: int = 1
+    """Evaluations that raised exactly this error."""
 
 
 MAX_ERROR_KINDS = 20  # distinct errors kept per candidate; further ones only count in error_count
@@ -93,21 +107,41 @@ class Candidate(BaseModel):
     """One program configuration that was (or was to be) scored on the training set."""
 
     id: int
-    step: int  # -1: the program as given
-    predictor: str | None  # the predictor whose instruction this candidate changes; None for the starting program
-    instruction: str  # that predictor's new instruction ("" for the starting program)
-    instructions: dict[str, str]  # every target predictor's instruction in the evaluated program
+    """Its position in `RunState.candidates`; 0 is the program as given."""
+    step: int
+    """The step that proposed it; -1 for the program as given."""
+    predictor: str | None
+    """The predictor whose instruction it changes (as `named_predictors()` names it); `None` for the program as
+    given."""
+    instruction: str
+    """That predictor's new instruction (`""` for the program as given)."""
+    instructions: dict[str, str]
+    """Every target predictor's instruction in the evaluated program, by predictor name."""
     md5: str
+    """The de-duplication key: the MD5 of `instruction` as the authors compute it (for the program as given, a
+    digest of `instructions`)."""
     status: CandidateStatus = "pending"
+    """`"pending"` (not scored yet), `"scored"`, `"unscored"` (LM failures on some examples after a retry, or cut
+    short by a budget) or `"skipped"` (empty, too long, or containing `INS`: never run)."""
     reason: str | None = None
-    scores: list[float | None] = Field(default_factory=list)  # per training example; None: not run
-    failed: list[int] = Field(default_factory=list)  # training indices whose run raised (scored failure_score)
-    answers: dict[int, str] = Field(default_factory=dict)  # exemplar answers for examples without usable labels
-    error_count: int = 0  # evaluations whose program raised (not counting infrastructure failures)
-    errors: list[ErrorRecord] = Field(default_factory=list)  # the first occurrence of each distinct error
-    score: float | None = None  # training mean, set when scored
+    """Why it is `unscored` or `skipped`."""
+    scores: list[float | None] = Field(default_factory=list)
+    """One score in [0, 1] per training example, in trainset order; `None`: not run (or no result yet)."""
+    failed: list[int] = Field(default_factory=list)
+    """Training indices whose program run raised; they scored `failure_score`."""
+    answers: dict[int, str] = Field(default_factory=dict)
+    """Exemplar answers shown in meta-prompts for training examples without usable labels (the program's output,
+    the metric's feedback or a note), by training index."""
+    error_count: int = 0
+    """Evaluations whose program raised (infrastructure failures not counted)."""
+    errors: list[ErrorRecord] = Field(default_factory=list)
+    """The first occurrence of each distinct error (at most 20 kinds; further ones count only in `error_count`)."""
+    score: float | None = None
+    """The training mean in [0, 1], set once every training example is scored."""
     val_scores: list[float | None] | None = None
+    """One score per validation example; `None` for a candidate never scored on the valset."""
     val_score: float | None = None
+    """The validation mean, once every validation example is scored."""
 
     @field_validator("scores", "val_scores", mode="after")
     @classmethod
@@ -119,64 +153,109 @@ class Reply(BaseModel):
     """One optimizer reply and what became of it."""
 
     text: str
-    instruction: str | None  # extracted and polished; None when the reply held no instruction
+    """The reply as the optimizer model wrote it (lone surrogates replaced by U+FFFD)."""
+    instruction: str | None
+    """The instruction extracted from it and polished; `None` when the reply held none."""
     fate: ReplyFate
-    candidate_id: int | None = None  # the candidate it became (new) or repeated (duplicate)
+    """`"new"` (a new candidate), `"duplicate"` (an instruction already proposed), `"empty"`, `"too_long"`,
+    `"contains_ins"` (holds `INS`) or `"no_instruction"`."""
+    candidate_id: int | None = None
+    """The candidate it became (`new`; `empty`, `too_long` and `contains_ins` become skipped candidates) or
+    repeated (`duplicate`); `None` for `no_instruction`."""
 
 
 class Step(BaseModel):
     """One OPRO step: the meta-prompt for one predictor, the optimizer's replies, the candidates they became."""
 
     step: int
+    """Its number, from 0 (its position in `RunState.steps`)."""
     predictor: str
+    """The predictor whose instruction this step optimizes (round-robin over the targets)."""
     exemplar_indices: list[int]
+    """The training examples shown in the meta-prompt, by index."""
     meta_prompt: str
+    """The exact meta-prompt sent to the optimizer model."""
     temperature: float
+    """The optimizer's sampling temperature."""
     replies: list[Reply] = Field(default_factory=list)
+    """Every reply, in the order received, with its fate."""
     failed_calls: int = 0
+    """Optimizer requests that failed after their retry (their proposals are lost)."""
     errors: list[str] = Field(default_factory=list)
+    """The errors of those failed requests."""
     complete: bool = False
-    best_score: float | None = None  # best training score after this step
+    """Whether every new candidate of the step was scored (false while running, or when a budget cut it short)."""
+    best_score: float | None = None
+    """The best training score of the run after this step."""
 
 
 class Selection(BaseModel):
     """How the returned program was chosen."""
 
     candidate_id: int
+    """The returned candidate's `id`."""
     selected_by: Literal["train", "validation", "val_gate", "start"]
+    """The rule: `"train"` (best training score, the paper's), `"validation"` (best validation mean of the `top_k`),
+    `"val_gate"` (a candidate that passed the gate) or `"start"` (the program unchanged: the gate refused)."""
     reason: str
+    """The decision in words, with the scores it compared."""
 
 
 class Fingerprint(BaseModel):
     """Digests of what decides a run's results, and the settings themselves so a refusal can name what changed."""
 
     config: str
+    """Digest of `settings`."""
     trainset: str
+    """Digest of the trainset: every example's fields, values and input keys."""
     valset: str
+    """Digest of the valset where the run uses it (`select="validation"`, `val_gate`, label-free); else of an
+    empty set, so another valset resumes the run."""
     program: str
+    """Digest of the program as given: its class, and each predictor's name, fields, instructions and demos'
+    content."""
     settings: dict[str, Any] = Field(default_factory=dict)
+    """Everything that shapes the search (not the budgets, `num_steps`, `num_threads`, `executor`), with the
+    optimizer, task and judge model names and the metric (its qualified name and code digest)."""
 
 
 class RunState(BaseModel):
     """The whole record of one OPRO run."""
 
     schema_version: int = SCHEMA_VERSION
+    """The version of this record's layout."""
     fingerprint: Fingerprint
+    """What a resumed run must match."""
     config: dict[str, Any]
+    """The run's settings as it started: the search settings, models and metric, and the budgets."""
     predictors: list[str]
+    """The target predictors, by name, in round-robin order."""
     train_size: int
+    """Examples in the trainset."""
     val_size: int
+    """Examples in the valset (0 without one)."""
     candidates: list[Candidate] = Field(default_factory=list)
+    """Every candidate in the order proposed; the program as given first."""
     steps: list[Step] = Field(default_factory=list)
+    """Every step in order."""
     usage: UsageRecord = Field(default_factory=UsageRecord)
+    """Calls, tokens and cost of both roles, equal to what the providers served (an evaluation cut off by a crash
+    is not counted)."""
     metric_calls: int = 0
-    # "stopped": a budget or the optimizer's silence ended it; "failed": an exception did (stop_reason says which);
-    # "interrupted": Ctrl-C. Compiling again with the same log_dir resumes all three.
+    """Evaluations that ran (program and metric on one example), training and validation; `max_metric_calls`
+    counts these."""
     status: Literal["running", "finished", "stopped", "interrupted", "failed"] = "running"
+    """`"running"`, `"finished"`, `"stopped"` (a budget or the optimizer's silence ended it), `"failed"` (an
+    exception did: `stop_reason` says which) or `"interrupted"` (Ctrl-C). Compiling again with the same `log_dir`
+    resumes the last three."""
     stop_reason: str | None = None
+    """Why it stopped, failed or was interrupted (`"ErrorType: message"` for an exception)."""
     start_val_score: float | None = None
-    anchors: dict[str, str] = Field(default_factory=dict)  # label-free OPRO: "split:index" -> anchor trajectory
+    """The program as given's validation mean, where the run scored it."""
+    anchors: dict[str, str] = Field(default_factory=dict)
+    """Label-free OPRO: the starting program's trajectory on each example (`"split:index"`), judged against."""
     selection: Selection | None = None
+    """How the returned candidate was chosen; `None` until the search ends."""
 
     def scored(self) -> list[Candidate]:
         return [c for c in self.candidates if c.status == "scored"]

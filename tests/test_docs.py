@@ -130,6 +130,27 @@ def test_mkdocs_build_strict(built_site):
         assert f"<td><code>{key}</code></td>" in returns, key
 
 
+RECORD_MODELS = ("RunState", "Candidate", "ErrorRecord", "Step", "Reply", "Selection", "Fingerprint", "UsageRecord",
+                 "ModelUsage")
+
+
+@pytest.mark.parametrize("model", RECORD_MODELS)
+def test_every_record_field_is_described_on_the_api_page(built_site, model):
+    """Each field of the persisted record has its own entry on the API page, with a description under it."""
+    from dspy_opro import state
+
+    api = (built_site / "api" / "index.html").read_text(encoding="utf-8")
+    fields = list(getattr(state, model).model_fields)
+    assert fields
+    for field in fields:
+        anchor = f'id="dspy_opro.state.{model}.{field}"'
+        assert anchor in api, f"{model}.{field} is not on the API page"
+        entry = api[api.index(anchor):]
+        entry = entry[:entry.index("</div>\n\n</div>")]
+        description = re.search(r'<div class="doc doc-contents ">\s*<p>(.+?)</p>', entry, re.S)
+        assert description and len(description[1]) > 10, f"{model}.{field} has no description"
+
+
 class _LoadedResources(html.parser.HTMLParser):
     """Collects what a page loads (script src, link href, img src) and whether it holds a mermaid block."""
 
