@@ -53,11 +53,11 @@ def _is_scored(candidate: Candidate) -> bool:
 
 
 def _metric_name(state: RunState) -> str | None:
-    """The metric's bare name from the run's ``module.qualname`` (``exact_match``), None when not recorded."""
+    """The metric's bare name from the run's ``module.qualname#digest`` (``exact_match``), None when not recorded."""
     qualified = state.config.get("metric")
     if not qualified or not isinstance(qualified, str):
         return None
-    return qualified.rsplit(".", 1)[-1]
+    return qualified.split("#", 1)[0].rsplit(".", 1)[-1]
 
 
 def _label_free(state: RunState) -> bool:

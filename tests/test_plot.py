@@ -118,6 +118,9 @@ def test_legend_outside_the_axes_and_axis_names(state: RunState) -> None:
 def test_axis_label_names_the_metric_or_the_preference(state: RunState) -> None:
     with_metric = state.model_copy(update={"config": {**state.config, "metric": "mypkg.metrics.exact_match"}})
     assert score_axis_label(with_metric) == "training score (metric: exact_match) %"
+    # As the run records it: the qualified name and the digest of the metric's code.
+    recorded = state.model_copy(update={"config": {**state.config, "metric": "mypkg.metrics.exact_match#4dc7fd2b"}})
+    assert score_axis_label(recorded) == "training score (metric: exact_match) %"
     label_free = state.model_copy(update={"config": {**state.config, "metric": None, "label_free": True}})
     assert score_axis_label(label_free) == "preference over the start (%, 50 = as good)"
     figure = build_trajectory_figure(label_free)
