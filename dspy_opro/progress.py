@@ -63,9 +63,9 @@ class _ThroughBar:
         self.stream = stream
         self._progress = progress
 
-    def write(self, text: str) -> int:
+    def write(self, text: str) -> int | None:
         bar = self._progress.bar
-        if bar is None:
+        if bar is None or not getattr(self.stream, "enabled", True):  # DSPy's stream after dspy.disable_logging()
             return self.stream.write(text)
         with bar.get_lock():  # tqdm's lock: a refresh from another thread cannot land mid-line
             bar.clear(nolock=True)

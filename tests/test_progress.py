@@ -74,6 +74,18 @@ def stderr_as(monkeypatch, stream: io.StringIO) -> io.StringIO:
     return stream
 
 
+def noisy_metric(logged: list[str]):
+    """The toy metric, logging a WARNING (from the evaluation thread) whenever it scores training item 2."""
+
+    def metric(example, prediction, trace=None):
+        if example.question == "item 2":
+            logged.append(example.question)
+            logging.getLogger("dspy_opro.tests").warning("metric saw %s", example.question)
+        return toy_metric(example, prediction)
+
+    return metric
+
+
 def compile_toy(metric=toy_metric, **kwargs) -> dspy.Module:
     task_lm, _ = make_lm(toy_task_reply)
     opt_lm, _ = make_lm(scripted_optimizer(STEP0 + STEP1))
@@ -121,14 +133,7 @@ def test_label_free_gate_has_a_bar_for_the_anchors_and_one_for_the_candidate(mon
 def test_log_lines_during_a_bar_are_written_whole_on_their_own_lines(monkeypatch):
     terminal = stderr_as(monkeypatch, Terminal())
     logged = []
-
-    def noisy_metric(example, prediction, trace=None):
-        if example.question == "item 2":
-            logged.append(example.question)
-            logging.getLogger("dspy_opro.tests").warning("metric saw %s", example.question)
-        return toy_metric(example, prediction)
-
-    compile_toy(metric=noisy_metric)
+    compile_toy(metric=noisy_metric(logged))
     lines = [line for line in terminal.getvalue().split("\n") if "metric saw" in line]
     assert len(lines) == len(logged) == 4  # the start and the three new candidates on training item 2
     for line in lines:
@@ -256,3 +261,17 @@ def test_litellm_import_is_announced_once_before_it_happens():
                        "'openai/simulated-task' (its first use in this process takes a few seconds)", False]
     assert seen[1][0].startswith("OPRO: 0 steps") and seen[1][1] is True  # imported by the time the run announces
     assert [message for message, _ in seen].count("-- compiled --") == 2
+
+
+def test_dspy_disable_logging_silences_the_log_lines_but_not_the_bars(monkeypatch):
+    terminal = stderr_as(monkeypatch, Terminal())
+    monkeypatch.setattr(dspy_logging_stream(), "_enabled", False)  # what dspy.disable_logging() sets
+    logged = []
+    compile_toy(metric=noisy_metric(logged))
+    text = terminal.getvalue()
+    assert len(logged) == 4
+    assert "dspy_opro.run" not in text and "metric saw" not in text
+    assert [desc for desc, *_ in final_bars(text)] == ["start", "step 0: 2 candidates", "step 1: 1 candidate",
+                                                       "validation: 2 candidates"]
+    # No bar is cleared and drawn again for a line that is not written: one clear per phase, when it ends.
+    assert len(re.findall(r"\r {20,}\r", text)) == 4
