@@ -32,7 +32,7 @@ from dspy.utils.exceptions import (
     LMUnsupportedModelError,
     is_retryable_lm_error,
 )
-from dspy.utils.logging_utils import configure_dspy_loggers
+from dspy.utils.logging_utils import DSPY_LOGGING_STREAM, configure_dspy_loggers
 from dspy.utils.usage_tracker import UsageTracker
 
 T = TypeVar("T")
@@ -92,6 +92,11 @@ def user_stacklevel() -> int:
     return level
 
 
+def dspy_logging_stream() -> Any:
+    """The stream DSPy's log handlers write to (it forwards to ``sys.stderr`` unless ``dspy.disable_logging()``)."""
+    return DSPY_LOGGING_STREAM
+
+
 def configure_loggers(package: str) -> None:
     """Send ``package``'s log lines through DSPy's logging stream, so ``dspy.disable_logging()`` silences them."""
     configure_dspy_loggers(package)
@@ -112,6 +117,7 @@ __all__ = [
     "UsageTracker",
     "configure_loggers",
     "current_context",
+    "dspy_logging_stream",
     "input_keys",
     "is_retryable_lm_error",
     "lm_engine",

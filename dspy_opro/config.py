@@ -114,6 +114,8 @@ class OPROConfig:
     # record
     log_dir: str | None = None
     seed: int = 0
+    # observing (shapes no result: kept out of the search settings and the fingerprint)
+    display_progress: bool = True
 
     def __post_init__(self) -> None:
         # Normalise before checking, so that the frozen values are the ones checked.
@@ -177,6 +179,7 @@ class OPROConfig:
         if self.log_dir is not None and not isinstance(self.log_dir, str):
             raise TypeError(f"log_dir must be a folder path (str or os.PathLike); got {self.log_dir!r}")
         require_int("seed", self.seed, minimum=0)
+        require_bool("display_progress", self.display_progress)
 
     # ------------------------------------------------------------------------------------------------------------
 

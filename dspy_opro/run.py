@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import dspy
-import tqdm
 
 from dspy_opro import selection
 from dspy_opro.compat import mark_compiled, user_stacklevel
@@ -34,6 +33,7 @@ from dspy_opro.evaluation import ExampleResult, metric_takes_trace
 from dspy_opro.meta_prompt import gen_meta_prompt, instruction_md5
 from dspy_opro.placement import AFTER_INPUTS
 from dspy_opro.programs import read_instructions, with_instructions
+from dspy_opro.progress import Progress, import_litellm_announced
 from dspy_opro.proposer import honours_n, propose
 from dspy_opro.resume import RunRecorder
 from dspy_opro.scoring import LM_FAILURES, Budget, CandidateScorer, Evaluator
@@ -62,7 +62,9 @@ class OPRORun:
         self.config = config
         self.data = RunData.build(config, student, trainset, valset)
         self.models = config.resolve_models()
-        for role, lm in (("optimizer", self.models.prompt), ("task", self.models.task), ("judge", self.models.judge)):
+        roles = (("optimizer", self.models.prompt), ("task", self.models.task), ("judge", self.models.judge))
+        import_litellm_announced(roles)  # seconds of silence otherwise, before the first line of the run
+        for role, lm in roles:
             if lm is not None:
                 check_model_ready(lm, role)
         self.recorder = RunRecorder(config)
@@ -99,7 +101,7 @@ class OPRORun:
         except BaseException:
             self.recorder.close()
             raise
-        self._progress: tqdm.tqdm | None = None
+        self.progress = Progress(display=config.display_progress)
 
     def _new_record(self, fingerprint: Any) -> RunState:
         """A fresh run record holding the program as given as candidate 0 (step -1)."""
@@ -143,8 +145,7 @@ class OPRORun:
         finally:
             self.evaluator.close()
             self.recorder.close()
-            if self._progress is not None:
-                self._progress.close()
+            self.progress.close()
 
     def _announce(self) -> None:
         config, n_train, n_val = self.config, len(self.data.trainset), len(self.data.valset)
@@ -166,8 +167,6 @@ class OPRORun:
                     warnings.warn(f"max_cost=${config.max_cost:g}: the {role} model {lm.model!r} has no known price, "
                                   "so its calls count as $0 and the cost is reported as unknown",
                                   stacklevel=user_stacklevel())
-        self._progress = tqdm.tqdm(total=planned, initial=self.state.metric_calls, desc="OPRO evaluations",
-                                   unit="eval", disable=None, leave=False)
 
     def _check_budget(self) -> bool:
         reason = self.budget.exhausted()
@@ -182,10 +181,41 @@ class OPRORun:
         self.state.stop_reason = reason
 
     def _score(self, candidates: list[Candidate], split: str) -> None:
-        stop_reason = self.scorer.score(candidates, split)
+        self._show_best()
+        self.progress.start_phase(self._phase_name(candidates, split), self._evaluations_due(candidates, split))
+        try:
+            stop_reason = self.scorer.score(candidates, split)
+        finally:
+            self.progress.end_phase()
         if stop_reason is not None:
             self._stop(stop_reason)
             self._save()
+
+    def _phase_name(self, candidates: list[Candidate], split: str) -> str:
+        """The progress bar's name of a scoring phase."""
+        count = f"{len(candidates)} candidate{'s' if len(candidates) != 1 else ''}"
+        if split == "val" and self.config.label_free and len(candidates) == 1:
+            return "label-free gate: " + ("start" if candidates[0].id == START_ID else f"candidate {candidates[0].id}")
+        if split == "val":
+            return f"validation: {count}"
+        steps = {c.step for c in candidates}
+        if steps == {-1}:
+            return "start"
+        return f"step {steps.pop()}: {count}" if len(steps) == 1 else f"unscored again: {count}"
+
+    def _evaluations_due(self, candidates: list[Candidate], split: str) -> int:
+        """The evaluations a scoring phase runs: every missing score, within the evaluation budget."""
+        n_examples = len(self.data.examples(split))
+        due = sum(n_examples if scores is None else scores.count(None)
+                  for scores in (c.scores if split == "train" else c.val_scores for c in candidates))
+        if self.budget.max_metric_calls is not None:
+            due = min(due, max(self.budget.max_metric_calls - self.budget.metric_calls, 0))
+        return due
+
+    def _show_best(self) -> None:
+        best = self.state.best()
+        val = [c.val_score for c in self.state.candidates if c.val_score is not None]
+        self.progress.set_best(best.score if best is not None else None, max(val, default=None))
 
     def _score_start(self) -> None:
         """Score the program as given on every training example, or stop: every meta-prompt shows its instruction."""
@@ -301,8 +331,7 @@ class OPRORun:
 
     def _on_result(self, candidate: Candidate, result: ExampleResult) -> None:
         """Every evaluation, before its result is stored: progress, the label-free anchor, the journal."""
-        if self._progress is not None:
-            self._progress.update(1)
+        self.progress.advance()
         anchor = None
         if self.anchors is not None and candidate.id == START_ID and result.outcome != "infra":
             anchor = self.anchors.store(result)  # an outage is no trajectory: the start is scored again instead
@@ -314,6 +343,7 @@ class OPRORun:
 
     def _save(self) -> None:
         self.recorder.save(self.state)
+        self._show_best()  # the scorer saves after every finished candidate
 
     # ------------------------------------------------------------------------------------------------------------
     # Final selection and output

@@ -97,6 +97,9 @@ class OPROTeleprompter(Teleprompter):
         log_dir: Folder for the run record (``state.json``), step reports and the final report; compiling again
             with the same folder resumes the run.
         seed: Seeds exemplar draws and optimizer rollout ids; 0 reproduces the authors' exemplar draws.
+
+        display_progress: Show a progress bar per scoring phase (as ``dspy.Evaluate``'s switch), on a terminal
+            or in a notebook; output to a file or pipe shows none either way.
     """
 
     def __init__(
@@ -145,6 +148,8 @@ class OPROTeleprompter(Teleprompter):
         # record
         log_dir: str | os.PathLike[str] | None = None,
         seed: int = 0,
+        # observing
+        display_progress: bool = True,
     ):
         super().__init__()
         self.config = OPROConfig(
@@ -158,6 +163,7 @@ class OPROTeleprompter(Teleprompter):
             predictors=predictors, select=select, top_k=top_k, val_gate=val_gate, min_delta=min_delta,
             both_orders=both_orders, max_metric_calls=max_metric_calls, max_cost=max_cost, num_threads=num_threads,
             executor=executor, failure_score=failure_score, log_dir=log_dir, seed=seed,
+            display_progress=display_progress,
         )
         self.metric = metric  # as every DSPy teleprompter exposes it
 
