@@ -16,6 +16,7 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import re
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -106,6 +107,30 @@ def test_each_initial_instruction_runs_once_per_example_with_the_start(endpoint)
     assert run.candidates[1].instructions == {"self": STEP_BY_STEP}
     assert [c.score for c in run.candidates] == [_expected_score(ins, train) for ins in (START, STEP_BY_STEP, CAREFUL)]
     assert run.metric_calls == 18
+
+
+def test_the_start_and_the_initial_instructions_are_scored_in_one_parallel_phase() -> None:
+    """The start's run on item 0 is held back until an initial-instruction request arrives (at most 5 s): on 4
+    threads that request comes while the start is still being scored, so the two share one phase."""
+    initial_arrived = threading.Event()
+    order: list[str] = []
+
+    def task(request) -> str:
+        question = field_value(user_text(request), "question")
+        if instruction_of(request) == "Better.":
+            initial_arrived.set()
+            order.append(f"initial {question}")
+        elif question == "item 0":
+            initial_arrived.wait(5.0)
+            order.append("start item 0 answered")
+        return toy_task_reply(request)
+
+    task_lm, engine = make_lm(task)
+    optimizer = OPROTeleprompter(toy_metric, prompt_model=task_lm, task_model=task_lm, num_steps=0, num_threads=4,
+                                 initial_instructions=["Better."])
+    run = optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4)).opro_run
+    assert order[0] == "initial item 0" and "start item 0 answered" in order
+    assert [c.score for c in run.candidates] == [0.0, 0.25] and len(engine.requests) == 8
 
 
 def test_the_meta_prompt_shows_each_initial_instruction_with_its_score(endpoint) -> None:
@@ -450,3 +475,50 @@ def test_several_initial_instructions_give_the_authors_meta_prompt() -> None:
     assert sent == run.steps[0].meta_prompt == case["output"]
     pairs = [(q["question"], str(q["answer"])) for q in inputs["exemplars"]]
     assert sent == gen_meta_prompt(own_history[:4], pairs, num_score_buckets=100, score_threshold=0.0)
+
+
+# --------------------------------------------------------------------------------------------------- label-free
+
+
+def test_label_free_scores_initial_instructions_against_the_start_after_its_anchors(endpoint) -> None:
+    """Label-free OPRO judges every candidate against the start's runs, so the start runs first (all 6 anchors),
+    then the initial instruction, even on 4 threads; the judge is asked once per example of the instruction."""
+    train = simulated_dataset(6)
+    optimizer = OPROTeleprompter(None, judge_model=_lm(endpoint, "sim-judge"), prompt_model=_lm(endpoint, "sim-opt"),
+                                 task_model=_lm(endpoint, "sim-task"), initial_instructions=[STRONG], num_steps=0,
+                                 num_threads=4)
+    run = optimizer.compile(dspy.Predict("question -> answer"), trainset=train).opro_run
+    task = _task(endpoint)
+    assert [_pair(r)[0] for r in task] == [START] * 6 + [STRONG] * 6
+    judge = [r for r in endpoint.requests if r.kind == "judge"]
+    assert len(judge) == 6 and min(r.index for r in judge) > max(r.index for r in task[:6])
+    # The simulated judge finds no instruction in the trajectories, so it answers preference 0 (a score of 0.5, the
+    # start's own); on a tie the start is the best, and the gate keeps the program as given.
+    assert (run.candidates[0].score, run.candidates[1].score) == (0.5, 0.5)
+    assert (run.selection.candidate_id, run.selection.selected_by) == (0, "start")
+
+
+def test_label_free_never_judges_an_initial_instruction_before_its_anchor_exists() -> None:
+    """The start's run on item 0 is held back (up to 1 s) until an initial-instruction request arrives: were both
+    scored in one phase, that request would come while item 0 has no anchor yet and the judge metric would fail."""
+    strong_arrived = threading.Event()
+    order: list[str] = []
+
+    def task(request) -> str:
+        question = field_value(user_text(request), "question")
+        if instruction_of(request) == "Better.":
+            strong_arrived.set()
+            order.append(f"initial {question}")
+        elif question == "item 0":
+            strong_arrived.wait(1.0)
+            order.append("start item 0 answered")
+        return toy_task_reply(request)
+
+    task_lm, _ = make_lm(task)
+    judge_lm, judge_engine = make_lm(lambda request: chat_reply(rationale="Same.", preference=0), model="openai/judge")
+    optimizer = OPROTeleprompter(None, judge_model=judge_lm, prompt_model=task_lm, task_model=task_lm, num_steps=0,
+                                 num_threads=4, initial_instructions=["Better."])
+    run = optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4)).opro_run
+    assert order[0] == "start item 0 answered" and len(order) == 5
+    assert [c.status for c in run.candidates] == ["scored", "scored"]
+    assert len(judge_engine.requests) == 4
