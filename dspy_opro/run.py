@@ -3,8 +3,9 @@
 :class:`OPRORun` wires one ``compile`` together (the configuration, the checked data, the models, the run record and
 its recorder, the evaluator and the budget) and :meth:`OPRORun.execute` reads as the algorithm does:
 
-1. score the program as given on every training example (step -1); a program that cannot run, or a start that
-   cannot be scored, stops the run before any optimizer call;
+1. score the program as given, with any ``initial_instructions`` (:mod:`dspy_opro.initial`), on every training
+   example (step -1); a program that cannot run, or a start that cannot be scored, stops the run before any
+   optimizer call;
 2. for every step: pick the predictor (round-robin), draw the exemplars, build the meta-prompt from the predictor's
    history, ask the optimizer for ``num_candidates`` proposals, triage the replies (extract, polish, de-duplicate,
    filter), score the new instructions, record the step;
