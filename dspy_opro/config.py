@@ -25,6 +25,7 @@ import dspy
 
 from dspy_opro.checks import require_bool, require_choice, require_int, require_number
 from dspy_opro.evaluation import metric_takes_trace
+from dspy_opro.initial import InitialInstructions, check_initial_instructions, initial_settings
 from dspy_opro.meta_prompt import validate_meta_prompt_options
 from dspy_opro.placement import check_instruction_pos
 from dspy_opro.programs import callable_fingerprint, dataset_fingerprint, program_fingerprint
@@ -77,6 +78,7 @@ class OPROConfig:
     task_model: dspy.BaseLM | str | None = None
     judge_model: dspy.BaseLM | str | None = None
     # search
+    initial_instructions: InitialInstructions | None = None
     num_steps: int = 10
     num_candidates: int = 8
     num_exemplars: int = 3
@@ -121,6 +123,8 @@ class OPROConfig:
         # Normalise before checking, so that the frozen values are the ones checked.
         if self.predictors is not None and not isinstance(self.predictors, str):
             object.__setattr__(self, "predictors", tuple(self.predictors))
+        # Checked and frozen here: a list becomes a tuple, a mapping a dict of tuples.
+        object.__setattr__(self, "initial_instructions", check_initial_instructions(self.initial_instructions))
         if isinstance(self.log_dir, os.PathLike):
             object.__setattr__(self, "log_dir", os.fspath(self.log_dir))
         self._check()
@@ -206,6 +210,7 @@ class OPROConfig:
     def search_settings(self, models: Models, targets: Sequence[str]) -> dict[str, Any]:
         """The JSON-able settings that shape the search, with the resolved models, targets and metric."""
         settings = {
+            "initial_instructions": initial_settings(self.initial_instructions),
             "num_steps": self.num_steps,
             "num_candidates": self.num_candidates,
             "num_exemplars": self.num_exemplars,

@@ -52,6 +52,11 @@ def _is_scored(candidate: Candidate) -> bool:
     return candidate.status == "scored" and candidate.score is not None
 
 
+def _is_start(candidate: Candidate) -> bool:
+    """The program as given (step -1 and no predictor); initial instructions are step -1 with their predictor."""
+    return candidate.step < 0 and candidate.predictor is None
+
+
 def _metric_name(state: RunState) -> str | None:
     """The metric's bare name from the run's ``module.qualname#digest`` (``exact_match``), None when not recorded."""
     qualified = state.config.get("metric")
@@ -185,7 +190,7 @@ def build_trajectory_figure(state: RunState) -> Figure:
         best.append(best[-1])
         axes.step(steps, best, where="post", color=BEST_COLOUR, linewidth=2, label=f"best {what} so far", zorder=3)
 
-    start = next((c for c in scored if c.step < 0), None)
+    start = next((c for c in scored if _is_start(c)), None)
     if start is not None:
         axes.axhline(
             start.score * 100,  # type: ignore[operator]
@@ -218,8 +223,10 @@ def build_trajectory_figure(state: RunState) -> Figure:
     if selected is not None:
         x, y = positions[selected.id]
         val = selected.val_score if selected.val_score is not None else (
-            state.start_val_score if selected.step < 0 else None)
-        where = "start" if selected.step < 0 else f"step {selected.step}"
+            state.start_val_score if _is_start(selected) else None)
+        where = "start" if _is_start(selected) else f"step {selected.step}"
+        if selected.step < 0 and not _is_start(selected):
+            where = "initial instruction"
         text = f"returned by compile: candidate {selected.id} ({where}), {what} {_pct_text(selected.score)}"
         if val is not None:
             text += f", validation {_pct_text(val)}"

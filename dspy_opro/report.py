@@ -169,9 +169,16 @@ def _status_text(candidate: Candidate) -> str:
     return f"{candidate.status}: {candidate.reason}" if candidate.reason else candidate.status
 
 
+def _is_start(candidate: Candidate) -> bool:
+    """The program as given (step -1 and no predictor); initial instructions are step -1 with their predictor."""
+    return candidate.step < 0 and candidate.predictor is None
+
+
 def _where(candidate: Candidate) -> str:
-    if candidate.step < 0:
+    if _is_start(candidate):
         return "the program as given"
+    if candidate.step < 0:
+        return f"initial instruction, predictor {_predictor_label(candidate.predictor)}"
     return f"step {candidate.step}, predictor {_predictor_label(candidate.predictor)}"
 
 
@@ -189,6 +196,8 @@ def trajectory_rows(state: RunState) -> list[dict[str, Any]]:
         record = _step_record(state, step)
         if record is not None:
             predictor = record.predictor
+        elif step < 0:  # the start's row, with any initial instructions
+            predictor = None
         else:
             predictor = next((c.predictor for c in candidates if c.predictor is not None), None)
         best = best_candidate(candidates)
@@ -355,7 +364,10 @@ def render_run_report(state: RunState) -> str:
     else:
         lines.append("No settings recorded.")
 
-    lines += ["", "## Score trajectory", "", "Training accuracy (0-100) by step; step -1 is the program as given.", ""]
+    start_step = "the program as given"
+    if any(c.step < 0 and not _is_start(c) for c in state.candidates):
+        start_step += " and its initial instructions"
+    lines += ["", "## Score trajectory", "", f"Training accuracy (0-100) by step; step -1 is {start_step}.", ""]
     rows = [
         [
             str(row["step"]),
@@ -394,7 +406,7 @@ def render_run_report(state: RunState) -> str:
                 lines.append(f"- Validation score: {_fmt_pct(chosen.val_score)}")
 
     validated = [c for c in state.candidates if c.val_score is not None]
-    start = next((c for c in state.candidates if c.step < 0), None)
+    start = next((c for c in state.candidates if _is_start(c)), None)
     if validated or state.start_val_score is not None:
         lines += ["", "## Validation scores", ""]
         rows = []

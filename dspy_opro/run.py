@@ -3,8 +3,9 @@
 :class:`OPRORun` wires one ``compile`` together (the configuration, the checked data, the models, the run record and
 its recorder, the evaluator and the budget) and :meth:`OPRORun.execute` reads as the algorithm does:
 
-1. score the program as given on every training example (step -1); a program that cannot run, or a start that
-   cannot be scored, stops the run before any optimizer call;
+1. score the program as given, with any ``initial_instructions`` (:mod:`dspy_opro.initial`), on every training
+   example (step -1); a program that cannot run, or a start that cannot be scored, stops the run before any
+   optimizer call;
 2. for every step: pick the predictor (round-robin), draw the exemplars, build the meta-prompt from the predictor's
    history, ask the optimizer for ``num_candidates`` proposals, triage the replies (extract, polish, de-duplicate,
    filter), score the new instructions, record the step;
@@ -30,9 +31,10 @@ from dspy_opro.config import OPROConfig
 from dspy_opro.data import RunData
 from dspy_opro.errors import OPRORunError, ProgramError, check_model_ready
 from dspy_opro.evaluation import ExampleResult, metric_takes_trace
+from dspy_opro.initial import initial_by_predictor, initial_candidates
 from dspy_opro.meta_prompt import gen_meta_prompt, instruction_md5
 from dspy_opro.placement import AFTER_INPUTS
-from dspy_opro.programs import read_instructions, with_instructions
+from dspy_opro.programs import predictor_map, read_instructions, with_instructions
 from dspy_opro.progress import Progress, import_litellm_announced
 from dspy_opro.proposer import honours_n, propose
 from dspy_opro.resume import RunRecorder
@@ -61,6 +63,8 @@ class OPRORun:
                  valset: Sequence[Any] | None):
         self.config = config
         self.data = RunData.build(config, student, trainset, valset)
+        self.initial = initial_by_predictor(config.initial_instructions, targets=self.data.targets,
+                                            all_predictors=list(predictor_map(student)))
         self.models = config.resolve_models()
         roles = (("optimizer", self.models.prompt), ("task", self.models.task), ("judge", self.models.judge))
         import_litellm_announced(roles)  # seconds of silence otherwise, before the first line of the run
@@ -104,13 +108,15 @@ class OPRORun:
         self.progress = Progress(display=config.display_progress)
 
     def _new_record(self, fingerprint: Any) -> RunState:
-        """A fresh run record holding the program as given as candidate 0 (step -1)."""
+        """A fresh run record: the program as given is candidate 0, its initial instructions follow (all step -1)."""
         targets = self.data.targets
         state = RunState(fingerprint=fingerprint, config=self.config.recorded_settings(self.models, targets),
                          predictors=targets, train_size=len(self.data.trainset), val_size=len(self.data.valset))
         start = read_instructions(self.base, targets)
         state.candidates.append(Candidate(id=START_ID, step=-1, predictor=None, instruction="", instructions=start,
                                           md5=digest(start), scores=[None] * len(self.data.trainset)))
+        state.candidates += initial_candidates(self.initial, start=start, first_id=START_ID + 1,
+                                               n_train=len(self.data.trainset))
         return state
 
     def _program(self, candidate: Candidate) -> dspy.Module:
@@ -150,6 +156,8 @@ class OPRORun:
     def _announce(self) -> None:
         config, n_train, n_val = self.config, len(self.data.trainset), len(self.data.valset)
         planned = n_train * (1 + config.num_steps * config.num_candidates)
+        planned += n_train * sum(c.step == -1 and c.predictor is not None and c.status != "skipped"
+                                 for c in self.state.candidates)  # initial instructions
         if config.select == "validation" or config.val_gate:
             planned += n_val * (config.top_k + (1 if config.val_gate else 0))
         elif config.label_free and n_val:
@@ -218,17 +226,27 @@ class OPRORun:
         self.progress.set_best(best.score if best is not None else None, max(val, default=None))
 
     def _score_start(self) -> None:
-        """Score the program as given on every training example, or stop: every meta-prompt shows its instruction."""
+        """Score the program as given and its initial instructions (step -1) on every training example.
+
+        Only the start must be scored for the run to go on (every meta-prompt shows its instruction); an initial
+        instruction that LM failures left unscored after a retry stays out of the history, and compiling again with
+        the same log_dir tries it again.
+        """
         start = self.state.candidates[START_ID]
+        initial = [c for c in self.state.candidates if c.step == -1]  # the start first
         n_train = len(self.data.trainset)
-        if start.status == "pending":
-            logger.info("Step -1: scoring the program as given on %d training examples", n_train)
-            self._score([start], "train")
-            if start.status == "unscored" and (start.reason or "").startswith(LM_FAILURES):
-                logger.warning("Step -1: the program as given is unscored (%s); trying those examples once more",
-                               start.reason)
-                start.status, start.reason = "pending", None
-                self._score([start], "train")
+        pending = [c for c in initial if c.status == "pending"]
+        if pending:
+            logger.info("Step -1: scoring the program as given%s on %d training examples",
+                        f" and {len(initial) - 1} initial instructions" if len(initial) > 1 else "", n_train)
+            self._score_initial(pending)
+            retry = [c for c in initial if c.status == "unscored" and (c.reason or "").startswith(LM_FAILURES)]
+            if retry:
+                logger.warning("Step -1: candidates %s are unscored (%s); trying those examples once more",
+                               [c.id for c in retry], retry[0].reason)
+                for candidate in retry:
+                    candidate.status, candidate.reason = "pending", None
+                self._score_initial(retry)
         if start.status != "scored":
             raise OPRORunError(
                 f"the program as given could not be scored on every training example ({start.reason}), and every "
@@ -243,6 +261,23 @@ class OPRORun:
                 "(call it on one training example to see the traceback) and compile again."
             )
         logger.info("Step -1: training score %.1f", 100 * start.score)
+        for candidate in initial[1:]:
+            if candidate.status == "scored":
+                logger.info("Step -1: initial instruction %d for %r: training score %.1f", candidate.id,
+                            candidate.predictor, 100 * candidate.score)
+            elif candidate.status == "unscored":
+                logger.warning("Step -1: initial instruction %d for %r is unscored (%s); the run goes on without it",
+                               candidate.id, candidate.predictor, candidate.reason)
+
+    def _score_initial(self, candidates: list[Candidate]) -> None:
+        """One scoring phase for step -1 candidates, all in parallel; label-free runs score the start first, since
+        its runs are the anchors the other candidates are judged against."""
+        start = self.state.candidates[START_ID]
+        if self.anchors is not None and start in candidates and len(candidates) > 1:
+            self._score([start], "train")
+            candidates = [c for c in candidates if c is not start] if start.status == "scored" else []
+        if candidates and self.state.status != "stopped":
+            self._score(candidates, "train")
 
     def _score_pending_of_finished_steps(self) -> None:
         steps = self.state.steps
@@ -308,7 +343,9 @@ class OPRORun:
         config, state = self.config, self.state
         predictor = record.predictor
         seen = {instruction_md5(state.candidates[START_ID].instructions[predictor]): START_ID}
-        seen.update({c.md5: c.id for c in state.candidates if c.predictor == predictor})
+        for candidate in state.candidates:  # initial instructions included; the first of equal md5s is the one named
+            if candidate.predictor == predictor:
+                seen.setdefault(candidate.md5, candidate.id)
         best = state.best() or state.candidates[START_ID]
         for verdict in triage_replies(replies, seen, optimizer_family=config.optimizer_family,
                                       instruction_pos=config.instruction_pos, meta_prompt_type=config.meta_prompt_type,

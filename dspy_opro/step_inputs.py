@@ -1,8 +1,9 @@
 """What one step's meta-prompt shows: the predictor's scored history and a few training problems with answers.
 
-The history of a predictor is its instruction in the program as given (step -1) and every scored instruction
-proposed for it, each with its training score; :func:`dspy_opro.meta_prompt.gen_meta_prompt` sorts, filters and
-buckets it as the authors do. The problems are drawn by :class:`ExemplarPicker`: the authors' uniform draw
+The history of a predictor is its instruction in the program as given and its scored initial instructions (both
+step -1), then every scored instruction proposed for it, each with its training score;
+:func:`dspy_opro.meta_prompt.gen_meta_prompt` sorts, filters and buckets it as the authors do. The problems are
+drawn by :class:`ExemplarPicker`: the authors' uniform draw
 (``"random"`` or ``"constant"``, :func:`dspy_opro.exemplars.draw_exemplar_indices`) or the hard-and-diverse DPP
 (:mod:`dspy_opro.diversity`), from every training example that has something to show as its answer.
 """

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import dspy
@@ -51,6 +51,11 @@ class OPROTeleprompter(Teleprompter):
             that compares a candidate's
             trajectories with the starting program's. Pass the task model to let it judge itself.
 
+        initial_instructions: Extra starting instructions, scored on the training set at step -1 beside the
+            program's own (the authors' list of initial instructions): each enters the meta-prompt history with its
+            score and can be selected like any candidate. A list is for a program with one target predictor; with
+            several, a mapping ``{predictor name: [instructions]}``. A repeat of the predictor's own instruction or
+            of an earlier text is recorded as skipped, not scored. None: only the program's own.
         num_steps: Optimization steps; each sends the meta-prompt ``num_candidates`` times.
         num_candidates: Optimizer samples per step (the authors' 8).
         num_exemplars: Training problems shown in each meta-prompt (the authors' 3); 0 shows none.
@@ -111,6 +116,7 @@ class OPROTeleprompter(Teleprompter):
         task_model: dspy.BaseLM | str | None = None,
         judge_model: dspy.BaseLM | str | None = None,
         # search
+        initial_instructions: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
         num_steps: int = 10,
         num_candidates: int = 8,
         num_exemplars: int = 3,
@@ -154,6 +160,7 @@ class OPROTeleprompter(Teleprompter):
         super().__init__()
         self.config = OPROConfig(
             metric=metric, prompt_model=prompt_model, task_model=task_model, judge_model=judge_model,
+            initial_instructions=initial_instructions,
             num_steps=num_steps, num_candidates=num_candidates, num_exemplars=num_exemplars,
             exemplar_selection=exemplar_selection, diversity_theta=diversity_theta,
             max_num_instructions=max_num_instructions, score_threshold=score_threshold,
