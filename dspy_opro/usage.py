@@ -144,9 +144,8 @@ def token_prices(model: str) -> tuple[float, float] | None:
     The map is DSPy's copy (``dspy.clients.model_metadata``, the one DSPy prices its own calls from), so pricing a
     model never imports LiteLLM: a run whose models are custom engines or ``DummyLM`` does not load it.
     """
-    with _PRICES_LOCK:
-        if model in _PRICES:
-            return _PRICES[model]
+    if model in _PRICES:  # written once per model, under the lock; a dict read needs none
+        return _PRICES[model]
     try:
         entry = price_map_entry(model)
         prompt, completion = entry.get("input_cost_per_token"), entry.get("output_cost_per_token")
@@ -223,39 +222,41 @@ class UsageCapture:
         if settle > 0 and counter is not None and not counter.wait_idle(settle):
             logger.warning("LM calls of a failed program were still running after %.0f s; their usage is not "
                            "counted", settle)
-        with self._tracker._lock:
-            paid_by_model = {model: list(entries) for model, entries in self._tracker.paid.items()}
-            all_by_model = {model: list(entries) for model, entries in self._tracker.usage_data.items()}
-        with self._sink._lock:
-            calls_by_model = dict(self._sink.calls)
-            costs = dict(self._sink.costs)
+        tracker, sink = self._tracker, self._sink
+        with tracker._lock:
+            paid_by_model = {model: list(entries) for model, entries in tracker.paid.items()}
+            all_by_model = {model: list(entries) for model, entries in tracker.usage_data.items()}
+        with sink._lock:
+            calls_by_model = dict(sink.calls)
+            costs = dict(sink.costs)
         counted = dict(counter.calls) if counter is not None else {}
         usage: dict[str, ModelUsage] = {}
-        for model in set(all_by_model) | set(calls_by_model) | set(counted):
+        for model in {**all_by_model, **calls_by_model, **counted}:
             paid, entries = paid_by_model.get(model, []), all_by_model.get(model, [])
-            record = ModelUsage()
+            prompt = completion = cached = 0
             for entry in entries:  # what the tracker holds: also entries a nested dspy.track_usage() rolled up
-                record.prompt_tokens += _tokens(entry, "prompt_tokens")
-                record.completion_tokens += _tokens(entry, "completion_tokens")
-                details = entry.get("prompt_tokens_details") or {}
-                record.cached_tokens += _tokens(details, "cached_tokens") if isinstance(details, dict) else 0
-            priced_prompt, priced_completion = record.prompt_tokens, record.completion_tokens
+                prompt += _tokens(entry, "prompt_tokens")
+                completion += _tokens(entry, "completion_tokens")
+                details = entry.get("prompt_tokens_details")
+                cached += _tokens(details, "cached_tokens") if isinstance(details, dict) else 0
+            cost, priced_prompt, priced_completion, unpriced = 0.0, prompt, completion, max(len(entries) - len(paid), 0)
             for entry in paid:
-                cost = costs.get(id(entry))
-                if cost is not None:
-                    record.cost += cost
-                    priced_prompt -= _tokens(entry, "prompt_tokens")
-                    priced_completion -= _tokens(entry, "completion_tokens")
+                call_cost = costs.get(id(entry))
+                if call_cost is None:
+                    unpriced += 1
+                    continue
+                cost += call_cost
+                priced_prompt -= _tokens(entry, "prompt_tokens")
+                priced_completion -= _tokens(entry, "completion_tokens")
             # Calls without a cost of their own: from the price map, or unknown.
-            unpriced = max(len(entries) - len(paid), 0) + sum(id(entry) not in costs for entry in paid)
             price = token_prices(model) if unpriced else None
-            if unpriced and price is not None:
-                record.cost += priced_prompt * price[0] + priced_completion * price[1]
-            elif unpriced:
-                record.unpriced_calls = unpriced
-            record.calls = max(calls_by_model.get(model, 0), counted.get(model, 0), len(entries))
-            record.cache_hits = record.calls - len(entries)
-            usage[model] = record
+            if price is not None:
+                cost += priced_prompt * price[0] + priced_completion * price[1]
+                unpriced = 0
+            calls = max(calls_by_model.get(model, 0), counted.get(model, 0), len(entries))
+            usage[model] = ModelUsage(calls=calls, cache_hits=calls - len(entries), prompt_tokens=prompt,
+                                      completion_tokens=completion, cached_tokens=cached, cost=cost,
+                                      unpriced_calls=unpriced)
         return usage
 
 
