@@ -26,16 +26,17 @@ AIM_MS = 100.0
 
 _PROBE = """
 import json, sys, time
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 import dspy
-t1 = time.perf_counter()
+t1, c1 = time.perf_counter(), time.process_time()
 before = set(sys.modules)
 import dspy_opro
-t2 = time.perf_counter()
+t2, c2 = time.perf_counter(), time.process_time()
 added = sorted({m.split('.')[0] for m in set(sys.modules) - before})
 from dspy_opro import OPROTeleprompter
 t3 = time.perf_counter()
-print(json.dumps({"dspy": t1 - t0, "dspy_opro": t2 - t1, "teleprompter": t3 - t2, "added": added}))
+print(json.dumps({"dspy": t1 - t0, "dspy_opro": t2 - t1, "teleprompter": t3 - t2, "added": added,
+                  "dspy_cpu": c1 - c0, "dspy_opro_cpu": c2 - c1}))
 """
 
 HEAVY = ("numpy", "litellm", "matplotlib", "distributed", "scipy", "pandas")
@@ -73,23 +74,28 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     runs = [probe() for _ in range(args.runs)]
-    ms = {key: statistics.median(1000 * run[key] for run in runs) for key in ("dspy", "dspy_opro", "teleprompter")}
+    ms = {key: statistics.median(1000 * run[key] for run in runs)
+          for key in ("dspy", "dspy_opro", "teleprompter", "dspy_cpu", "dspy_opro_cpu")}
     added = sorted({name for run in runs for name in run["added"]})
     heavy = [name for name in added if name in HEAVY]
     lines = [
         "# Import time of dspy_opro",
         "",
         f"Written by `python benchmarks/import_time.py`. Median of {args.runs} fresh interpreters "
-        "(`time.perf_counter` around each import, `LITELLM_LOCAL_MODEL_COST_MAP=True`).",
+        "(`time.perf_counter` around each import, and the process's CPU time, `time.process_time`, which a busy "
+        "machine inflates less; `LITELLM_LOCAL_MODEL_COST_MAP=True`).",
         "",
         "| import | median ms | all runs ms |",
         "| --- | ---: | --- |",
         f"| `import dspy` | {ms['dspy']:.0f} | {_all(runs, 'dspy', 0)} |",
         f"| `import dspy_opro` (after dspy) | {ms['dspy_opro']:.1f} | {_all(runs, 'dspy_opro', 1)} |",
+        f"| `import dspy`, CPU time | {ms['dspy_cpu']:.0f} | {_all(runs, 'dspy_cpu', 0)} |",
+        f"| `import dspy_opro` (after dspy), CPU time | {ms['dspy_opro_cpu']:.1f} | {_all(runs, 'dspy_opro_cpu', 1)} |",
         f"| `from dspy_opro import OPROTeleprompter` (after that) | {ms['teleprompter']:.2f} | "
         f"{_all(runs, 'teleprompter', 2)} |",
         "",
-        f"Aim: `import dspy_opro` under {AIM_MS:.0f} ms: {'met' if ms['dspy_opro'] < AIM_MS else 'NOT met'}. "
+        f"Aim: `import dspy_opro` under {AIM_MS:.0f} ms: {'met' if ms['dspy_opro'] < AIM_MS else 'NOT met'} in wall "
+        f"time, {'met' if ms['dspy_opro_cpu'] < AIM_MS else 'NOT met'} in CPU time. "
         f"Top-level packages it adds: {', '.join(added)}; heavy ones among them ({', '.join(HEAVY)}): "
         f"{', '.join(heavy) or 'none'}.",
         "",

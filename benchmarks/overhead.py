@@ -71,16 +71,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import dspy  # noqa: E402
 
 from dspy_opro import OPROTeleprompter  # noqa: E402
-from dspy_opro.state import (  # noqa: E402
-    Candidate,
-    Fingerprint,
-    Reply,
-    RunState,
-    Selection,
-    Step,
-    load_state,
-    save_state,
-)
+from dspy_opro.record import load_state, save_state  # noqa: E402
+from dspy_opro.state import Candidate, Fingerprint, Reply, RunState, Selection, Step  # noqa: E402
 from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "overhead.md"
@@ -612,12 +604,12 @@ PROFILE_GROUPS = [
     ("    LiteLLM response cost lookup", r"^Logging\.response_cost_calculator"),
     ("  DSPy adapter format + parse", r"^(Chat)?Adapter\.(format|_call_postprocess) \("),
     ("LiteLLM logging worker (success handler)", r"^Logging\.success_handler"),
-    ("dspy_opro run_example (whole, the Predict call included)", r"^run_example \(dspy_opro/scoring\.py"),
+    ("dspy_opro run_example (whole, the Predict call included)", r"^run_example \(dspy_opro/evaluation\.py"),
     ("dspy_opro main thread: OPRORun.execute (whole)", r"^OPRORun\.execute \(dspy_opro/run\.py"),
     ("  Evaluator.run dispatch loop", r"^Evaluator\.run \(dspy_opro/scoring\.py"),
     ("    ThreadPoolExecutor.submit", r"^Evaluator\.run .*;ThreadPoolExecutor\.submit"),
     ("    concurrent.futures.wait", r"^Evaluator\.run .*;wait \(concurrent/futures/_base\.py"),
-    ("    OPRORun._on_result", r"^OPRORun\._on_result"),
+    ("    CandidateScorer._on_result", r"^CandidateScorer\._on_result"),
     ("  with_instructions (program deep copies)", r"^with_instructions \(dspy_opro/programs\.py"),
     ("  propose (optimizer calls)", r"^propose \(dspy_opro/proposer\.py"),
     ("  OPRORun._result (candidate_programs)", r"^OPRORun\._result"),
@@ -649,7 +641,7 @@ def phase_times(bench: Bench, threads: int) -> tuple[Result, list[tuple[str, flo
     timings: dict[str, list[float]] = {}
     targets = [
         ("Evaluator.run: the scoring phases (requests included)", scoring_module.Evaluator, "run"),
-        ("  OPRORun._on_result (main thread, per evaluation)", run_module.OPRORun, "_on_result"),
+        ("  CandidateScorer._on_result (main thread, per evaluation)", scoring_module.CandidateScorer, "_on_result"),
         ("  with_instructions (a program copy per candidate)", run_module, "with_instructions"),
         ("propose: the proposal phases (requests included)", run_module, "propose"),
         ("gen_meta_prompt", run_module, "gen_meta_prompt"),

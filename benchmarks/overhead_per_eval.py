@@ -15,15 +15,16 @@ For each setting three runners are timed:
 * ``dspy.Evaluate(devset=examples, metric=..., num_threads=T)(program)``: the anchor;
 * ``OPROTeleprompter(num_steps=0).compile(program, trainset=examples)``: the public API; it scores the program as
   given on every example (step -1) and also pays the per-compile set-up (fingerprints, copies, selection);
-* OPRO scoring only: ``OPRORun._score([start], "train")`` timed alone, the run built beforehand: the per-evaluation
-  path (job dispatch, worker, usage capture, recording) and nothing else.
+* OPRO scoring only: ``OPRORun.scorer.score([start], "train")`` timed alone, the run built beforehand: the
+  per-evaluation path (job dispatch, worker, usage capture, recording) and nothing else.
 
 Ratios are wall time over ``dspy.Evaluate``'s wall time; CPU time of the process (all threads) is reported next to
 them, since the machine is shared and CPU time is the steadier of the two.
 
-**Probes** (``--probes``, in-process only, plus one on LiteLLM): OPRO scoring only, with one piece of the
-per-evaluation path removed by a monkeypatch of :mod:`dspy_opro.scoring` for that run. They prove what a change
-would save before anyone makes it. A probe whose target no longer exists in the code is reported as not applicable.
+**Probes** (``--probes``; in-process, and two of them on LiteLLM): OPRO scoring only, with one piece of the
+per-evaluation path removed (or, for comparison, the per-evaluation DSPy callback of before put back) by a
+monkeypatch of :class:`dspy_opro.usage.UsageCapture` for that run. They show what each piece costs. A probe whose
+target no longer exists in the code is reported as not applicable.
 
 **Unit costs** (``--units``): single-thread micro-benchmarks of each piece in microseconds (no thread contention),
 against the cost of the DSPy call itself.
@@ -57,7 +58,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import dspy  # noqa: E402
 from dspy.utils.dummies import DummyLM  # noqa: E402
 
-import dspy_opro.scoring as scoring  # noqa: E402
+import dspy_opro.usage as usage_module  # noqa: E402
 from dspy_opro import OPROTeleprompter  # noqa: E402
 from dspy_opro.testing import simulated_dataset, simulated_metric  # noqa: E402
 
@@ -119,20 +120,22 @@ def run_compile(lm: dspy.BaseLM, examples: list[dspy.Example], threads: int, int
 
 
 def run_scoring(lm: dspy.BaseLM, examples: list[dspy.Example], threads: int, into: Timing) -> None:
-    """Time ``OPRORun._score`` of the starting program alone; the run is built (and its progress bar opened) first."""
+    """Time ``OPRORun.scorer.score`` of the starting program alone; the run is built (and announced) first."""
     from dspy_opro.run import OPRORun
 
     optimizer = OPROTeleprompter(metric=simulated_metric, prompt_model=lm, task_model=lm, num_steps=0,
                                  num_threads=threads)
-    run = OPRORun(optimizer, program(), examples, None)
+    run = OPRORun(optimizer.config, program(), examples, None)
     run._announce()
     try:
         with clock(into):
-            run._score([run.state.candidates[0]], "train")
+            run.scorer.score([run.state.candidates[0]], "train")
     finally:
         run.evaluator.close()
-        if run._progress is not None:
-            run._progress.close()
+        run.recorder.close()
+        progress = getattr(run, "_progress", None)
+        if progress is not None:
+            progress.close()
     _check_scored(run.state, len(examples))
 
 
@@ -145,45 +148,39 @@ def _check_scored(state: Any, n: int) -> None:
 # ------------------------------------------------------------------------------------------------ probes
 
 
-def _lean_active(capture: Any, **overrides: Any) -> Any:
-    """The program's context without the DSPy callback, the usage tracker or the trace; the metric's none."""
-    if "trace" not in overrides:  # the metric call: run it in the program's caller context
-        return contextlib.nullcontext()
-    overrides.pop("trace")
-    return dspy.context(**overrides)
-
-
 def _probe_patches() -> dict[str, dict[tuple[Any, str], Any]]:
-    """Probe name -> {(owner, attribute): replacement}. Each removes one piece of OPRO's per-evaluation path."""
-    capture_cls = getattr(scoring, "UsageCapture", None)
-    evaluator_cls = getattr(scoring, "Evaluator", None)
-    if capture_cls is None or evaluator_cls is None:
+    """Probe name -> {(owner, attribute): replacement}. Each changes one piece of OPRO's per-evaluation path
+    (:class:`dspy_opro.usage.UsageCapture`, which :func:`dspy_opro.evaluation.run_example` uses twice per
+    evaluation: once for the program, once for the metric)."""
+    capture_cls = getattr(usage_module, "UsageCapture", None)
+    counter_cls = getattr(usage_module, "LMCallCounter", None)
+    if capture_cls is None:
         return {}
     original_active = capture_cls.active
 
-    def no_callback(self: Any, **overrides: Any) -> Any:
-        return dspy.context(usage_tracker=self._tracker, **overrides)
-
-    def no_callback_no_tracker(self: Any, **overrides: Any) -> Any:
+    def no_capture(self: Any, **overrides: Any) -> Any:
         return dspy.context(**overrides)
 
-    def one_context(self: Any, **overrides: Any) -> Any:
-        return original_active(self, **overrides) if "trace" in overrides else contextlib.nullcontext()
-
-    def no_usage(self: Any) -> dict[str, Any]:
+    def no_usage(self: Any, **_: Any) -> dict[str, Any]:
         return {}
 
-    deeper = property(lambda self: 2 * self.num_threads)
-    lean = {(capture_cls, "active"): _lean_active, (capture_cls, "result"): no_usage}
-    return {
-        "without the DSPy callback (`_CallCounter`)": {(capture_cls, "active"): no_callback},
-        "without the callback and the usage tracker": {(capture_cls, "active"): no_callback_no_tracker},
-        "without the metric's second `dspy.context`": {(capture_cls, "active"): one_context},
+    def no_sink(self: Any, **overrides: Any) -> Any:
+        return dspy.context(usage_tracker=self._tracker, **overrides)
+
+    probes: dict[str, dict[tuple[Any, str], Any]] = {
+        "without the usage capture (no tracker, no history sink, no `ModelUsage`)": {
+            (capture_cls, "active"): no_capture, (capture_cls, "result"): no_usage},
+        "without the history sink (calls, cache hits, costs)": {(capture_cls, "active"): no_sink},
         "without building `ModelUsage` and `state.usage.record`": {(capture_cls, "result"): no_usage},
-        "2 x threads jobs in flight instead of 1 x": {(evaluator_cls, "max_in_flight"): deeper},
-        "lean: all of the above but the queue": lean,
-        "lean + 2 x threads in flight": {**lean, (evaluator_cls, "max_in_flight"): deeper},
     }
+    if counter_cls is not None:
+        def with_callback(self: Any, **overrides: Any) -> Any:
+            self._watch_in_flight()  # what every evaluation paid before: a DSPy callback in the settings
+            return original_active(self, **overrides)
+
+        probes["with the per-evaluation DSPy callback of before (`LMCallCounter` in the settings)"] = {
+            (capture_cls, "active"): with_callback}
+    return probes
 
 
 @contextlib.contextmanager
@@ -275,20 +272,16 @@ def per_call(function: Callable[[], Any], repeat: int, rounds: int = 5) -> float
     return statistics.median(results)
 
 
-def paired_costs(function: Callable[[], Any], variants: dict[str, dict[str, Any]], repeat: int,
-                 rounds: int = 7) -> dict[str, float]:
-    """CPU microseconds per call of ``function`` under each variant's ``dspy.context`` overrides. The variants are
-    measured in turn within every round; the first is the base, and every other variant's figure is the median
-    over rounds of its difference to the base in the same round (steadier on a shared machine)."""
-    names = list(variants)
+def paired_functions(functions: dict[str, Callable[[], Any]], repeat: int, rounds: int = 7) -> dict[str, float]:
+    """CPU microseconds per call of each function, measured in turn within every round; the first is the base, and
+    every other figure is the median over rounds of its difference to the base in the same round."""
+    names = list(functions)
     per_round: dict[str, list[float]] = {name: [] for name in names}
-    for name in names:  # warm
-        with dspy.context(**variants[name]):
-            function()
+    for function in functions.values():  # warm
+        function()
     for _ in range(rounds):
         for name in names:
-            with dspy.context(**variants[name]):
-                per_round[name].append(per_call(function, repeat, rounds=1))
+            per_round[name].append(per_call(functions[name], repeat, rounds=1))
     base = names[0]
     result = {base: statistics.median(per_round[base])}
     for name in names[1:]:
@@ -300,69 +293,73 @@ def unit_costs(repeat: int) -> list[tuple[str, float, str]]:
     """(what, microseconds, per what) for the pieces of OPRO's per-evaluation path, one thread, no contention."""
     from dspy.dsp.utils.settings import thread_local_overrides
 
+    from dspy_opro.evaluation import ExampleJob, run_example
     from dspy_opro.programs import with_instructions
-    from dspy_opro.state import ProgressJournal, RunState, UsageRecord, save_state
+    from dspy_opro.record import ProgressJournal, save_state
+    from dspy_opro.run import OPRORun
+    from dspy_opro.state import RunState, UsageRecord
 
     lm = instant_lm()
     example = simulated_dataset(1)[0]
     student = program()
+    settings = {"lm": lm}
     rows: list[tuple[str, float, str]] = []
 
-    def predict_and_metric() -> None:
-        simulated_metric(example, student(**example.inputs()))
+    def under(overrides: dict[str, Any]) -> Callable[[], None]:
+        def predict_and_metric() -> None:
+            with dspy.context(**overrides):
+                simulated_metric(example, student(**example.inputs()))
 
-    counter_cls = getattr(scoring, "_CallCounter", None)
-    tracker_cls = getattr(scoring, "_CountingTracker", None)
-    variants: dict[str, dict[str, Any]] = {"base": {"lm": lm}}
-    if counter_cls is not None:
-        lm_with_callback = instant_lm()
-        lm_with_callback.callbacks = [counter_cls()]
-        variants["callback"] = {"lm": lm, "callbacks": [counter_cls()]}
-        variants["lm callback"] = {"lm": lm_with_callback}
-    if tracker_cls is not None:
-        variants["tracker"] = {"lm": lm, "usage_tracker": tracker_cls()}
-    costs = paired_costs(predict_and_metric, variants, repeat)
-    rows.append(("`Predict` + metric with DummyLM: the evaluation itself (what `dspy.Evaluate` pays per item, "
-                 "apart from its executor)", costs["base"], "evaluation"))
-    if "callback" in costs:
-        rows.append(("+ a DSPy callback in the context (`_CallCounter`): DSPy's callback path on every module, "
-                     "adapter and LM call", costs["callback"], "evaluation"))
-        rows.append(("+ the same callback on the LM instance only (`lm.callbacks`), for comparison",
-                     costs["lm callback"], "evaluation"))
-    if "tracker" in costs:
-        rows.append(("+ a usage tracker in the context (`_CountingTracker`)", costs["tracker"], "evaluation"))
+        return predict_and_metric
+
+    job = ExampleJob(candidate_id=1, index=0, program=student, example=example, metric=simulated_metric,
+                     failure_score=0.0, settings=settings)
+    lm_with_callback = instant_lm()
+    lm_with_callback.callbacks = [usage_module.LMCallCounter()]
+    costs = paired_functions({
+        "base": under(settings),
+        "run_example": lambda: run_example(job),
+        "callback": under({**settings, "callbacks": [usage_module.LMCallCounter()]}),
+        "lm callback": under({"lm": lm_with_callback}),
+        "tracker": under({**settings, "usage_tracker": usage_module._SharedTracker()}),
+    }, repeat)
+    rows.append(("`Predict` + metric with DummyLM in a `dspy.context(lm=...)`: the evaluation itself (what "
+                 "`dspy.Evaluate` pays per item, apart from its executor)", costs["base"], "evaluation"))
+    rows.append(("+ OPRO's `run_example` around it instead (usage capture for the program and the metric, the "
+                 "result)", costs["run_example"], "evaluation"))
+    rows.append(("+ a DSPy callback in the settings (`LMCallCounter`, what every evaluation paid before; now only "
+                 "a program that forks): DSPy's callback path on every module, adapter and LM call",
+                 costs["callback"], "evaluation"))
+    rows.append(("+ the same callback on the LM instance only (`lm.callbacks`), for comparison",
+                 costs["lm callback"], "evaluation"))
+    rows.append(("+ a usage tracker in the context (`_SharedTracker`)", costs["tracker"], "evaluation"))
 
     overrides = {"lm": lm, "trace": []}
+
     def enter_exit() -> None:
         with dspy.context(**overrides):
             pass
 
     rows.append(("`dspy.context(lm=..., trace=[])`: enter and exit once", per_call(enter_exit, repeat), "context"))
 
-    capture_cls = getattr(scoring, "UsageCapture", None)
-    if capture_cls is not None and tracker_cls is not None:
-        def capture_and_result() -> Any:
-            capture = capture_cls()
-            capture._tracker.add_usage("dummy", {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15})
-            return capture.result()
+    def capture_and_result() -> Any:
+        capture = usage_module.UsageCapture()
+        capture._tracker.add_usage("dummy", {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15})
+        return capture.result()
 
-        rows.append(("`UsageCapture()` + one tracker entry + `result()` (builds a `ModelUsage`, prices looked up)",
-                     per_call(capture_and_result, repeat), "evaluation"))
-        usage = capture_and_result()
-        totals = UsageRecord()
-        rows.append(("`state.usage.record(\"task\", usage)` (main thread)",
-                     per_call(lambda: totals.record("task", usage), repeat), "evaluation"))
+    rows.append(("`UsageCapture()` + one tracker entry + `result()` (builds a `ModelUsage`, price looked up)",
+                 per_call(capture_and_result, repeat), "evaluation"))
+    usage = capture_and_result()
+    totals = UsageRecord()
+    rows.append(("`state.usage.record(\"task\", usage)` (main thread)",
+                 per_call(lambda: totals.record("task", usage), repeat), "evaluation"))
 
-    job_cls = getattr(scoring, "ExampleJob", None)
-    if job_cls is not None:
-        settings = {"lm": lm}
+    def new_job() -> Any:
+        thread_local_overrides.get().copy()
+        return ExampleJob(candidate_id=1, index=0, program=student, example=example, metric=simulated_metric,
+                          failure_score=0.0, settings=settings)
 
-        def job() -> Any:
-            thread_local_overrides.get().copy()
-            return job_cls(candidate_id=1, index=0, program=student, example=example, metric=simulated_metric,
-                           failure_score=0.0, settings=settings)
-
-        rows.append(("`ExampleJob(...)` + the overrides copy at submission", per_call(job, repeat), "evaluation"))
+    rows.append(("`ExampleJob(...)` + the overrides copy at submission", per_call(new_job, repeat), "evaluation"))
 
     import tqdm
 
@@ -383,15 +380,17 @@ def unit_costs(repeat: int) -> list[tuple[str, float, str]]:
         journal.close()
 
         state = _state_with(RunState, n=300, candidates=9)
-        rows.append(("`save_state`, 9 candidates x 300 examples (with `log_dir` only: after every candidate and "
-                     "step)", per_call(lambda: save_state(state, folder), max(3, repeat // 200)), "save"))
-
-    from dspy_opro.run import OPRORun
+        rows.append(("`save_state`, 9 candidates x 300 examples (with `log_dir` only)",
+                     per_call(lambda: save_state(state, folder), max(3, repeat // 200)), "save"))
 
     examples = simulated_dataset(300)
     optimizer = OPROTeleprompter(metric=simulated_metric, prompt_model=lm, task_model=lm, num_steps=0)
+
+    def set_up() -> None:
+        OPRORun(optimizer.config, student, examples, None).recorder.close()
+
     rows.append(("`OPRORun(...)` set-up for 300 examples (fingerprints, label keys, program copy), divided by 300",
-                 per_call(lambda: OPRORun(optimizer, student, examples, None), 5) / 300, "example, once per compile"))
+                 per_call(set_up, 5) / 300, "example, once per compile"))
     name = next(iter(student.named_predictors()))[0]
     instructions = {name: "Solve the word problem and give the final number."}
     rows.append(("`with_instructions` (a program deep copy with new instructions)",
@@ -401,7 +400,9 @@ def unit_costs(repeat: int) -> list[tuple[str, float, str]]:
 
 def litellm_unit_costs(repeat: int) -> list[tuple[str, float, str]]:
     """Client CPU microseconds per ``Predict`` + metric through LiteLLM (endpoint in its own process, no latency),
-    and what a DSPy callback or a usage tracker in the context adds; one thread."""
+    and what ``run_example``, a DSPy callback or a usage tracker adds; one thread."""
+    from dspy_opro.evaluation import ExampleJob, run_example
+
     sys.path.insert(0, str(Path(__file__).parent))
     from overhead import Server
 
@@ -410,27 +411,30 @@ def litellm_unit_costs(repeat: int) -> list[tuple[str, float, str]]:
         lm = dspy.LM(TASK_MODEL, api_base=server.base_url, api_key="x", engine="litellm", cache=False, num_retries=0)
         example = simulated_dataset(1)[0]
         student = program()
+        settings = {"lm": lm}
 
-        def predict_and_metric() -> None:
-            simulated_metric(example, student(**example.inputs()))
+        def under(overrides: dict[str, Any]) -> Callable[[], None]:
+            def predict_and_metric() -> None:
+                with dspy.context(**overrides):
+                    simulated_metric(example, student(**example.inputs()))
 
-        counter_cls = getattr(scoring, "_CallCounter", None)
-        tracker_cls = getattr(scoring, "_CountingTracker", None)
-        variants: dict[str, dict[str, Any]] = {"base": {"lm": lm}}
-        if counter_cls is not None:
-            variants["callback"] = {"lm": lm, "callbacks": [counter_cls()]}
-        if tracker_cls is not None:
-            variants["tracker"] = {"lm": lm, "usage_tracker": tracker_cls()}
-        costs = paired_costs(predict_and_metric, variants, repeat, rounds=15)
-        rows = [("LiteLLM: `Predict` + metric, client CPU (endpoint in another process, no latency)", costs["base"],
-                 "evaluation")]
-        if "callback" in costs:
-            rows.append(("LiteLLM: + the DSPy callback (`_CallCounter`) in the context", costs["callback"],
-                         "evaluation"))
-        if "tracker" in costs:
-            rows.append(("LiteLLM: + the usage tracker (`_CountingTracker`) in the context", costs["tracker"],
-                         "evaluation"))
-        return rows
+            return predict_and_metric
+
+        job = ExampleJob(candidate_id=1, index=0, program=student, example=example, metric=simulated_metric,
+                         failure_score=0.0, settings=settings)
+        costs = paired_functions({
+            "base": under(settings),
+            "run_example": lambda: run_example(job),
+            "callback": under({**settings, "callbacks": [usage_module.LMCallCounter()]}),
+            "tracker": under({**settings, "usage_tracker": usage_module._SharedTracker()}),
+        }, repeat, rounds=15)
+        return [
+            ("LiteLLM: `Predict` + metric, client CPU (endpoint in another process, no latency)", costs["base"],
+             "evaluation"),
+            ("LiteLLM: + OPRO's `run_example` around it instead", costs["run_example"], "evaluation"),
+            ("LiteLLM: + the DSPy callback (`LMCallCounter`) in the settings", costs["callback"], "evaluation"),
+            ("LiteLLM: + the usage tracker (`_SharedTracker`) in the context", costs["tracker"], "evaluation"),
+        ]
     finally:
         server.close()
 
@@ -451,10 +455,9 @@ def _state_with(state_cls: Any, *, n: int, candidates: int) -> Any:
 
 EVALUATE = "dspy.Evaluate"
 COMPILE = "OPRO compile(num_steps=0)"
-SCORING = "OPRO scoring only (OPRORun._score)"
-LEAN = "lean: all of the above but the queue"
-NO_CALLBACK = "without the DSPy callback (`_CallCounter`)"
-NO_CALLBACK_NO_TRACKER = "without the callback and the usage tracker"
+SCORING = "OPRO scoring only (OPRORun.scorer.score)"
+NO_CAPTURE = "without the usage capture (no tracker, no history sink, no `ModelUsage`)"
+OLD_CALLBACK = "with the per-evaluation DSPy callback of before (`LMCallCounter` in the settings)"
 
 
 def paired(values: list[float], anchors: list[float], combine: Callable[[float, float], float]) -> list[float]:
@@ -516,7 +519,7 @@ def render(args: argparse.Namespace, in_process: dict[str, Timing] | None, litel
         f"{1000 * args.latency:.0f} ms per request), {args.threads_litellm} threads, {args.n_litellm} examples, "
         f"{args.reps_litellm} repetitions; every run's requests counted at the endpoint's log (one per "
         "evaluation, checked). `OPRO compile(num_steps=0)` also pays the per-compile set-up; `OPRO scoring only` "
-        "times `OPRORun._score` of the program as given, the run built beforehand. µs per evaluation: medians "
+        "times `OPRORun.scorer.score` of the program as given, the run built beforehand. µs per evaluation: medians "
         "over repetitions; ratios: medians (and quartiles) of the per-repetition ratios to `dspy.Evaluate` of the "
         "same repetition. Probes: scoring only, with one "
         "piece of the per-evaluation path removed by a monkeypatch for that run (the script's docstring and "
@@ -587,7 +590,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Timing] | None, dict[st
     base_runners: dict[str, Callable[..., None]] = {EVALUATE: run_evaluate, COMPILE: run_compile,
                                                      SCORING: run_scoring}
     probes = _probe_patches() if args.probes else {}
-    skipped = [] if probes or not args.probes else ["all (dspy_opro.scoring has no UsageCapture / Evaluator)"]
+    skipped = [] if probes or not args.probes else ["all (dspy_opro.usage has no UsageCapture)"]
     in_process = litellm = None
     if args.in_process:
         print(f"in-process: DummyLM, {args.threads_in_process} threads, {args.n_in_process} examples",
@@ -599,7 +602,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Timing] | None, dict[st
         print(f"LiteLLM: simulated endpoint, {args.threads_litellm} threads, {args.n_litellm} examples",
               file=sys.stderr)
         runners = dict(base_runners)
-        for name in (NO_CALLBACK, NO_CALLBACK_NO_TRACKER, LEAN):
+        for name in (NO_CAPTURE, OLD_CALLBACK):
             if name in probes:
                 runners[name] = run_probe(probes[name])
         litellm = litellm_setting(args.latency, simulated_dataset(args.n_litellm), args.threads_litellm,

@@ -3,9 +3,9 @@
 dspy-opro runs on DSPy's public API wherever it can. A few things it needs have no public face in DSPy 3.4: the
 per-thread settings overrides that ``dspy.context`` writes (evaluation workers must adopt the caller's LM, adapter
 and callbacks), the id of the active callback call (so tracing nests the program runs under ``compile``), the usage
-tracker class and the LM exception types, and DSPy's logging set-up. Each is reached here and nowhere else, and
-``tests/test_compat.py`` has a test per access, so that a DSPy upgrade that moves one breaks one test that names it
-rather than the optimizer in many places.
+tracker class and the LM exception types, DSPy's copy of LiteLLM's price map, and DSPy's logging set-up. Each is
+reached here and nowhere else, and ``tests/test_compat.py`` has a test per access, so that a DSPy upgrade that
+moves one breaks one test that names it rather than the optimizer in many places.
 """
 
 from __future__ import annotations
@@ -72,6 +72,23 @@ def lm_engine(lm: Any) -> Any:
     return getattr(lm, "engine", None)
 
 
+def price_map_entry(model: str) -> dict[str, Any]:
+    """The entry of a model (``provider/name`` or a bare name) in the LiteLLM price map DSPy ships, or ``{}``.
+
+    DSPy prices its own calls from this copy (``dspy.clients.model_metadata``); reading it does not import LiteLLM.
+    ``LITELLM_LOCAL_MODEL_COST_MAP`` and ``LITELLM_MODEL_COST_MAP_URL`` keep LiteLLM's meaning.
+    """
+    from dspy.clients.model_metadata import _load, model_info
+
+    provider, _, name = model.partition("/")
+    if name:
+        info = model_info(provider, name)
+        if info:
+            return info
+    entry = _load().get(model)
+    return dict(entry) if isinstance(entry, dict) else {}
+
+
 def mark_compiled(program: dspy.Module) -> None:
     """Flag a program as compiled, as DSPy's own teleprompters do (``dspy.Module._compiled``)."""
     program._compiled = True
@@ -122,6 +139,7 @@ __all__ = [
     "is_retryable_lm_error",
     "lm_engine",
     "mark_compiled",
+    "price_map_entry",
     "run_in_context",
     "user_stacklevel",
 ]

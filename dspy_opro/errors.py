@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any, Literal
 
 from dspy_opro.compat import (
@@ -90,11 +91,8 @@ def _cause_chain(exc: BaseException) -> list[BaseException]:
 
 def _is_client_configuration_error(exc: BaseException) -> bool:
     """The OpenAI client's bare ``OpenAIError`` (missing credentials, raised before any request is sent)."""
-    try:
-        import openai
-    except ImportError:  # pragma: no cover - litellm depends on openai
-        return False
-    return type(exc) is openai.OpenAIError
+    openai = sys.modules.get("openai")  # not imported: the error cannot be one of its (and importing it takes seconds)
+    return openai is not None and type(exc) is getattr(openai, "OpenAIError", None)
 
 
 def _is_unknown_provider(exc: BaseException) -> bool:

@@ -4,8 +4,8 @@ With a ``log_dir``, the run record (:class:`dspy_opro.state.RunState`) is kept o
 moment loses nothing paid for (:mod:`dspy_opro.resume` decides when to write and how to resume):
 
 * ``state.json`` is written atomically (temporary file, fsync, rename) before step -1's first evaluation, after
-  every finished candidate and every step; a damaged file is reported as corrupt (:class:`StateFileError`), never
-  taken for a fresh start;
+  each step's optimizer calls, after each step and at the end (the journal holds the evaluations in between); a
+  damaged file is reported as corrupt (:class:`StateFileError`), never taken for a fresh start;
 * ``progress.jsonl`` journals every finished evaluation between two snapshots, with the candidate's instruction
   digest and the usage it cost; on resume the entries are replayed into the snapshot (an entry whose digest does
   not match its candidate is ignored), so a SIGKILL repeats at most the evaluations in flight;

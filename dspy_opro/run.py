@@ -101,7 +101,7 @@ class OPRORun:
                 config=config, data=self.data, state=state, models=self.models, evaluator=self.evaluator,
                 budget=self.budget, program_for=self._program, metric=metric,
                 metric_takes_trace=metric_takes_trace(metric), settings=self.settings, on_usage=self._record_usage,
-                on_result=self._on_result, save=self._save)
+                on_result=self._on_result)
         except BaseException:
             self.recorder.close()
             raise

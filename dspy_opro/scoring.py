@@ -159,19 +159,21 @@ class CandidateScorer:
         on_usage: Records an evaluation's usage (run record and the caller's tracker).
         on_result: Called with every candidate and result before it is stored: the journal, the progress bar,
             label-free anchors.
-        save: Writes the run record (after every finished candidate).
+
+    The scorer does not write the run record: the journal keeps every result until the run's next snapshot (after
+    the step, see :mod:`dspy_opro.run`).
     """
 
     def __init__(self, *, config: OPROConfig, data: RunData, state: RunState, models: Models, evaluator: Evaluator,
                  budget: Budget, program_for: Callable[[Candidate], dspy.Module], metric: Any,
                  metric_takes_trace: bool, settings: dict[str, Any],
                  on_usage: Callable[[Literal["optimizer", "task"], dict[str, ModelUsage]], None],
-                 on_result: Callable[[Candidate, ExampleResult], None], save: Callable[[], None]):
+                 on_result: Callable[[Candidate, ExampleResult], None]):
         self.config, self.data, self.state, self.models = config, data, state, models
         self.evaluator, self.budget = evaluator, budget
         self.program_for, self.metric, self.metric_takes_trace, self.settings = (
             program_for, metric, metric_takes_trace, settings)
-        self.on_usage, self.on_result, self.save = on_usage, on_result, save
+        self.on_usage, self.on_result = on_usage, on_result
         self._remaining: dict[tuple[str, int], set[int]] = {}
         self._infra_errors: dict[tuple[str, int], list[str]] = {}
         self._warned: set[tuple[str, int]] = set()
@@ -244,7 +246,6 @@ class CandidateScorer:
         if not self._remaining[key]:
             self._remaining.pop(key)
             self._finish(candidate, split)
-            self.save()
 
     def _failing_model(self, result: ExampleResult) -> tuple[str, str]:
         """Which model a fatal error came from: the task model, the label-free judge, or the metric's own LM."""

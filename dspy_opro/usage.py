@@ -10,8 +10,11 @@ other threads by the program itself:
 * the cost of a call is the one DSPy records in the LM history entry of that call (LiteLLM's own per-response cost,
   cached-token discounts included, or DSPy's estimate for its native clients). A history sink placed in DSPy's
   ``caller_modules`` receives those entries; an entry counts when its ``usage`` is one the tracker was given (cache
-  hits are not). A paid call without such a cost is priced from LiteLLM's price map by its tokens; a model without
-  a price counts in ``unpriced_calls`` and its cost is reported as unknown.
+  hits are not). The same entries count the calls, cache hits included. A paid call without such a cost is priced
+  by its tokens from the LiteLLM price map DSPy ships (without importing LiteLLM); a model without a price counts in
+  ``unpriced_calls`` and its cost is reported as unknown;
+* only a program that fans out to threads of its own gets a DSPy callback, which tells a failed program's LM calls
+  still in flight (see :class:`UsageCapture`).
 
 :func:`roll_up` adds a run's usage to the caller's ``dspy.track_usage()`` tracker.
 """
@@ -20,11 +23,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import dspy
 
-from dspy_opro.compat import BaseCallback, UsageTracker
+from dspy_opro.compat import BaseCallback, UsageTracker, price_map_entry
 from dspy_opro.state import ModelUsage
 
 logger = logging.getLogger(__name__)
@@ -34,15 +38,19 @@ class _SharedTracker(UsageTracker):
     """DSPy's usage tracker, thread-safe, shared (not copied) with the worker threads of DSPy's parallel executor.
 
     It keeps each usage dict it is given (DSPy skips the tracker on cache hits), so the history sink can tell a
-    paid call's history entry by identity.
+    paid call's history entry by identity. DSPy's ``ParallelExecutor`` deep-copies the tracker in every worker task
+    it starts, before the task's first LM call: ``on_fork`` hears of it then.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_fork: Callable[[], None] | None = None) -> None:
         super().__init__()
         self._lock = threading.Lock()
+        self._on_fork = on_fork
         self.paid: dict[str, list[dict[str, Any]]] = {}
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _SharedTracker:
+        if self._on_fork is not None:
+            self._on_fork()
         return self  # DSPy's ParallelExecutor copies the tracker per thread and drops the copy: share it instead
 
     def add_usage(self, lm: str, usage_entry: dict[str, Any]) -> None:
@@ -60,7 +68,11 @@ class _SharedTracker(UsageTracker):
 
 
 class _HistorySink:
-    """Stands in DSPy's ``caller_modules`` to receive the history entry of every LM call: their costs."""
+    """Stands in DSPy's ``caller_modules`` to receive the history entry of every LM call: calls and their costs.
+
+    DSPy records a history entry for every LM call that returned, cache hits included, and hands it to every module
+    in ``caller_modules`` (unless history is disabled), on whichever thread the call ran.
+    """
 
     class _Entries(list):
         def __init__(self, sink: _HistorySink) -> None:
@@ -74,14 +86,19 @@ class _HistorySink:
         self._tracker = tracker
         self._lock = threading.Lock()
         self.costs: dict[int, float] = {}  # id of a paid usage dict -> the cost of its call
+        self.calls: dict[str, int] = {}  # model -> LM calls that returned (cache hits included)
         self.history = self._Entries(self)
 
     def receive(self, entry: Any) -> None:
         if not isinstance(entry, dict):
             return
+        model = entry.get("model")
         usage, cost = entry.get("usage"), entry.get("cost")
-        if usage and isinstance(cost, (int, float)) and self._tracker.is_paid(usage):
-            with self._lock:
+        paid_cost = usage and isinstance(cost, (int, float)) and self._tracker.is_paid(usage)
+        with self._lock:
+            if isinstance(model, str):
+                self.calls[model] = self.calls.get(model, 0) + 1
+            if paid_cost:
                 self.costs[id(usage)] = float(cost)
 
 
@@ -122,17 +139,19 @@ _PRICES_LOCK = threading.Lock()
 
 
 def token_prices(model: str) -> tuple[float, float] | None:
-    """USD per prompt and per completion token from LiteLLM's price map, or None when the model has no price."""
-    with _PRICES_LOCK:
-        if model in _PRICES:
-            return _PRICES[model]
-    try:
-        import litellm
+    """USD per prompt and per completion token from the LiteLLM price map DSPy ships, or None without a price.
 
-        prompt, completion = litellm.cost_per_token(model=model, prompt_tokens=1_000_000, completion_tokens=1_000_000)
-        price: tuple[float, float] | None = (prompt / 1_000_000, completion / 1_000_000)
-        if price == (0.0, 0.0):
-            price = None
+    The map is DSPy's copy (``dspy.clients.model_metadata``, the one DSPy prices its own calls from), so pricing a
+    model never imports LiteLLM: a run whose models are custom engines or ``DummyLM`` does not load it.
+    """
+    if model in _PRICES:  # written once per model, under the lock; a dict read needs none
+        return _PRICES[model]
+    try:
+        entry = price_map_entry(model)
+        prompt, completion = entry.get("input_cost_per_token"), entry.get("output_cost_per_token")
+        price: tuple[float, float] | None = None
+        if isinstance(prompt, (int, float)) and isinstance(completion, (int, float)) and (prompt or completion):
+            price = (float(prompt), float(completion))
     except Exception:
         price = None
     with _PRICES_LOCK:
@@ -145,19 +164,51 @@ def _tokens(entry: dict[str, Any], key: str) -> int:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 
+def _history_reaches_callers() -> bool:
+    """Whether DSPy hands every LM call's history entry to the modules in ``caller_modules`` (it does by default)."""
+    return not dspy.settings.get("disable_history") and dspy.settings.get("max_history_size") != 0
+
+
 class UsageCapture:
-    """Captures the LM usage of the code run inside :meth:`active`, per model, on every thread it fans out to."""
+    """Captures the LM usage of the code run inside :meth:`active`, per model, on every thread it fans out to.
+
+    Nothing runs on DSPy's callback path while the code runs on one thread: calls, cache hits and costs come from
+    the LM history entries (the sink) and the tokens from the usage tracker. Only LM calls still in flight need a
+    callback (:class:`LMCallCounter`), and only once the code has forked: when DSPy's parallel executor starts a
+    task (it copies the tracker then), the counter joins the callbacks list this capture's contexts share, so every
+    later LM call on any thread is seen starting and ending. A program that never forks keeps DSPy's fast path
+    (a callback in the settings costs more than half of a local evaluation); one that does pays the callback path
+    from its first fork on. The user's own callbacks stay in force throughout.
+    """
 
     def __init__(self) -> None:
-        self._tracker = _SharedTracker()
+        self._tracker = _SharedTracker(on_fork=self._watch_in_flight)
         self._sink = _HistorySink(self._tracker)
-        self._counter = LMCallCounter()
+        self._lock = threading.Lock()
+        self._callbacks: list[Any] | None = None  # the one callbacks list of every context of this capture
+        self._counter: LMCallCounter | None = None
+
+    def _watch_in_flight(self) -> None:
+        """Count LM calls in flight from now on (idempotent, thread-safe)."""
+        with self._lock:
+            if self._counter is not None:
+                return
+            if self._callbacks is None:
+                self._callbacks = list(dspy.settings.get("callbacks") or [])
+            self._counter = LMCallCounter()
+            self._callbacks.append(self._counter)  # in place: the contexts already entered see it
 
     def active(self, **overrides: Any) -> Any:
         """A ``dspy.context`` that records into this capture (``overrides`` are further settings)."""
-        callbacks = [*dspy.settings.get("callbacks", []), self._counter]
+        if self._callbacks is None:
+            with self._lock:
+                if self._callbacks is None:
+                    self._callbacks = list(dspy.settings.get("callbacks") or [])
+            if not _history_reaches_callers():  # no history entries to count calls from: count them as they end
+                self._watch_in_flight()
         callers = [self._sink, *(dspy.settings.get("caller_modules") or [])]
-        return dspy.context(usage_tracker=self._tracker, callbacks=callbacks, caller_modules=callers, **overrides)
+        return dspy.context(usage_tracker=self._tracker, callbacks=self._callbacks, caller_modules=callers,
+                            **overrides)
 
     def result(self, *, settle: float = 0.0) -> dict[str, ModelUsage]:
         """The usage captured so far, per model.
@@ -165,39 +216,47 @@ class UsageCapture:
         Args:
             settle: Seconds to wait, at most, for LM calls still in flight on threads the code started: a program
                 that raised while its own worker threads were still calling the LM has paid for those calls too.
+                A program that never forked has none.
         """
-        if settle > 0 and not self._counter.wait_idle(settle):
+        counter = self._counter
+        if settle > 0 and counter is not None and not counter.wait_idle(settle):
             logger.warning("LM calls of a failed program were still running after %.0f s; their usage is not "
                            "counted", settle)
+        tracker, sink = self._tracker, self._sink
+        with tracker._lock:
+            paid_by_model = {model: list(entries) for model, entries in tracker.paid.items()}
+            all_by_model = {model: list(entries) for model, entries in tracker.usage_data.items()}
+        with sink._lock:
+            calls_by_model = dict(sink.calls)
+            costs = dict(sink.costs)
+        counted = dict(counter.calls) if counter is not None else {}
         usage: dict[str, ModelUsage] = {}
-        with self._tracker._lock:
-            paid_by_model = {model: list(entries) for model, entries in self._tracker.paid.items()}
-            all_by_model = {model: list(entries) for model, entries in self._tracker.usage_data.items()}
-        for model in set(all_by_model) | set(self._counter.calls):
+        for model in {**all_by_model, **calls_by_model, **counted}:
             paid, entries = paid_by_model.get(model, []), all_by_model.get(model, [])
-            record = ModelUsage()
+            prompt = completion = cached = 0
             for entry in entries:  # what the tracker holds: also entries a nested dspy.track_usage() rolled up
-                record.prompt_tokens += _tokens(entry, "prompt_tokens")
-                record.completion_tokens += _tokens(entry, "completion_tokens")
-                details = entry.get("prompt_tokens_details") or {}
-                record.cached_tokens += _tokens(details, "cached_tokens") if isinstance(details, dict) else 0
-            price = token_prices(model)
-            priced_prompt, priced_completion = record.prompt_tokens, record.completion_tokens
+                prompt += _tokens(entry, "prompt_tokens")
+                completion += _tokens(entry, "completion_tokens")
+                details = entry.get("prompt_tokens_details")
+                cached += _tokens(details, "cached_tokens") if isinstance(details, dict) else 0
+            cost, priced_prompt, priced_completion, unpriced = 0.0, prompt, completion, max(len(entries) - len(paid), 0)
             for entry in paid:
-                cost = self._sink.costs.get(id(entry))
-                if cost is not None:
-                    record.cost += cost
-                    priced_prompt -= _tokens(entry, "prompt_tokens")
-                    priced_completion -= _tokens(entry, "completion_tokens")
+                call_cost = costs.get(id(entry))
+                if call_cost is None:
+                    unpriced += 1
+                    continue
+                cost += call_cost
+                priced_prompt -= _tokens(entry, "prompt_tokens")
+                priced_completion -= _tokens(entry, "completion_tokens")
             # Calls without a cost of their own: from the price map, or unknown.
-            unpriced = max(len(entries) - len(paid), 0) + sum(id(entry) not in self._sink.costs for entry in paid)
-            if unpriced and price is not None:
-                record.cost += priced_prompt * price[0] + priced_completion * price[1]
-            elif unpriced:
-                record.unpriced_calls = unpriced
-            record.calls = max(self._counter.calls.get(model, 0), len(entries))
-            record.cache_hits = record.calls - len(entries)
-            usage[model] = record
+            price = token_prices(model) if unpriced else None
+            if price is not None:
+                cost += priced_prompt * price[0] + priced_completion * price[1]
+                unpriced = 0
+            calls = max(calls_by_model.get(model, 0), counted.get(model, 0), len(entries))
+            usage[model] = ModelUsage(calls=calls, cache_hits=calls - len(entries), prompt_tokens=prompt,
+                                      completion_tokens=completion, cached_tokens=cached, cost=cost,
+                                      unpriced_calls=unpriced)
         return usage
 
 

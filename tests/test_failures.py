@@ -397,7 +397,7 @@ def test_a_full_disk_mid_run_keeps_what_was_saved(endpoint, tmp_path, monkeypatc
 
     def save_until_full(state, log_dir):
         saves[0] += 1
-        if saves[0] > 2:  # the first snapshots (before step -1, then the start scored) fit; then the disk is full
+        if saves[0] > 2:  # the snapshots before step -1 and after step 0's optimizer call fit; then the disk is full
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_save(state, log_dir)
 
@@ -406,9 +406,9 @@ def test_a_full_disk_mid_run_keeps_what_was_saved(endpoint, tmp_path, monkeypatc
         compile_run(endpoint, trainset=simulated_dataset(3), num_steps=2, num_candidates=2, num_threads=1,
                     log_dir=tmp_path)
     saved = load_state(tmp_path)
-    assert saved.status == "running" and [c.status for c in saved.candidates] == ["scored"]
+    assert saved.status == "running" and [c.status for c in saved.candidates] == ["scored", "pending", "pending"]
     assert None not in saved.candidates[0].scores
-    assert len(kinds(endpoint, "opro")) == 1  # the write after step 0's optimizer call was the one that failed
+    assert len(kinds(endpoint, "opro")) == 1  # the write after step 0's scoring was the one that failed
 
     monkeypatch.setattr(run_module, "save_state", real_save)  # space freed: the resume starts from the snapshot
     tasks_before = len(kinds(endpoint, "task"))
@@ -416,8 +416,11 @@ def test_a_full_disk_mid_run_keeps_what_was_saved(endpoint, tmp_path, monkeypatc
                           log_dir=tmp_path)
     run = resumed.opro_run
     assert run.status == "finished"
-    attempted = [c for c in run.candidates if c.status == "scored" and c.step >= 0]
-    assert len(kinds(endpoint, "task")) - tasks_before == 3 * len(attempted)  # the start was not run again
+    attempted = [c for c in run.candidates if c.status == "scored" and c.step >= 1]
+    # Neither the start nor step 0's candidates ran again: the failed write never cleared the journal, whose
+    # entries for step 0 were replayed into the snapshot.
+    assert [c.status for c in run.candidates[:3]] == ["scored"] * 3
+    assert len(kinds(endpoint, "task")) - tasks_before == 3 * len(attempted)
 
 
 # ------------------------------------------------------------------------------ 10. metrics and models as users

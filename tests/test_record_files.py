@@ -71,7 +71,9 @@ def test_a_killed_run_with_a_torn_journal_resumes_to_the_uninterrupted_result(tm
                             str(tmp_path / "before.log"), "12"], cwd=ROOT, env=ENV, capture_output=True, timeout=300)
     assert child.returncode == -9, child.stderr
     journal = tmp_path / "crash" / PROGRESS_FILE
-    assert len(ProgressJournal.read(tmp_path / "crash")) == 1  # step 0's first evaluation
+    # Everything since step 0's snapshot (taken after its optimizer call): candidate 1's five evaluations and
+    # candidate 2's first; the snapshot comes after the step, not after every candidate.
+    assert [(e["c"], e["i"]) for e in ProgressJournal.read(tmp_path / "crash")] == [(1, i) for i in range(5)] + [(2, 0)]
     journal.write_bytes(journal.read_bytes() + '{"c": 1, "i": 1, "o": "ok", "a": "ü'.encode()[:-1])
     compiled, task_engine, _ = compile_job(tmp_path / "crash")
     assert outcome(compiled) == expected
@@ -237,10 +239,12 @@ def test_a_journal_entry_for_another_instruction_is_ignored(tmp_path):
                             str(tmp_path / "before.log"), "12"], cwd=ROOT, env=ENV, capture_output=True, timeout=300)
     assert child.returncode == -9, child.stderr
     journal = tmp_path / "crash" / PROGRESS_FILE
-    [entry] = ProgressJournal.read(tmp_path / "crash")
-    assert entry["d"] == load_state(tmp_path / "crash").candidates[entry["c"]].md5
+    *kept, entry = ProgressJournal.read(tmp_path / "crash")
+    saved = load_state(tmp_path / "crash")
+    assert [e["d"] for e in [*kept, entry]] == [saved.candidates[e["c"]].md5 for e in [*kept, entry]]
     # The same slot, written by a run of another instruction (another process on this folder, say).
-    journal.write_text(json.dumps({**entry, "d": "0123456789abcdef", "s": 1.0 - entry["s"]}) + "\n")
+    foreign = {**entry, "d": "0123456789abcdef", "s": 1.0 - entry["s"]}
+    journal.write_text("".join(json.dumps(e) + "\n" for e in [*kept, foreign]))
     compiled, task_engine, _ = compile_job(tmp_path / "crash")
     assert outcome(compiled) == outcome(full)
     assert len(task_engine.requests) == len(full_engine.requests) - 10  # the foreign entry's evaluation runs again

@@ -1,11 +1,14 @@
 """Usage and cost: exact token totals under threads, judges inside the metric, cache hits, the max_cost stop."""
 
+import threading
+import time
 import uuid
 
 import dspy
 import pytest
 
 from dspy_opro import OPROTeleprompter
+from dspy_opro.evaluation import ExampleJob, run_example
 from tests.fakes import FakeEngine, chat_reply, make_lm, toy_dataset, toy_metric, toy_task_reply
 
 REPLIES = ["<INS>Better.</INS>", "<INS>Better better.</INS>", "<INS>Better better better.</INS>"]
@@ -83,3 +86,98 @@ def test_max_cost_stops_once_the_recorded_cost_reaches_it():
     assert run.usage.task.cost == pytest.approx(0.105)
     assert run.status == "stopped" and run.stop_reason.startswith("max_cost=$0.1 reached")
     assert run.candidates[1].status == "unscored"
+
+
+def callback_names() -> list[str]:
+    return [type(callback).__name__ for callback in dspy.settings.callbacks]
+
+
+def branches(side: dspy.Module, seen: list[tuple[str, list[str]]]) -> dspy.Module:
+    """A program that runs a predictor and ``side`` on DSPy's parallel executor; ``seen`` gets the DSPy callbacks
+    in force before, in and after the fork (a closure: OPRO runs deep copies of the program)."""
+
+    class Branches(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.answer = dspy.Predict("question -> answer")
+            self.side = side
+
+        def forward(self, question):
+            seen.append(("forward", callback_names()))
+            parallel = dspy.Parallel(num_threads=2, max_errors=1, disable_progress_bar=True)
+            first, _ = parallel([(self.answer, {"question": question}), (self.side, {"question": question})])
+            seen.append(("after", callback_names()))
+            return first
+
+    return Branches()
+
+
+def test_only_a_program_that_forks_runs_with_a_callback():
+    task_lm, _ = make_lm(toy_task_reply)
+    opt_lm, _ = make_lm(lambda request, n: REPLIES[(n - 1) % 3], model="openai/opt")
+    seen: list[tuple[str, list[str]]] = []
+
+    class OneThread(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.predict = dspy.Predict("question -> answer")
+
+        def forward(self, question):
+            seen.append(("one thread", callback_names()))
+            return self.predict(question=question)
+
+    optimizer = OPROTeleprompter(toy_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=0,
+                                 num_exemplars=1, num_threads=1)
+    optimizer.compile(OneThread(), trainset=toy_dataset(2))
+    assert seen == [("one thread", [])] * 2  # DSPy's fast path: no callback on any call of the evaluation
+
+    class Side(dspy.Module):
+        def forward(self, question):
+            seen.append(("branch", callback_names()))
+            return dspy.Prediction(answer="side")
+
+    seen.clear()
+    optimizer.compile(branches(Side(), seen), trainset=toy_dataset(2))
+    # The fork arms the in-flight counter for the rest of that evaluation, on every thread; the next starts clean.
+    assert seen == [("forward", []), ("branch", ["LMCallCounter"]), ("after", ["LMCallCounter"])] * 2
+
+
+def test_usage_of_calls_a_failed_program_left_running_on_its_threads_is_counted():
+    started = threading.Event()
+
+    def slow_reply(request):
+        started.set()
+        time.sleep(0.3)  # still running when the other branch has failed and the program has raised
+        return toy_task_reply(request)
+
+    class FailsOnceTheOtherBranchCalls(dspy.Module):
+        def forward(self, question):
+            assert started.wait(10)
+            raise ValueError("the side branch failed")
+
+    task_lm, task_engine = make_lm(slow_reply, input_tokens=11, output_tokens=7)
+    program = branches(FailsOnceTheOtherBranchCalls(), [])
+    job = ExampleJob(candidate_id=0, index=0, program=program, example=toy_dataset(1)[0], metric=toy_metric,
+                     failure_score=0.0, settings={"lm": task_lm})
+    result = run_example(job)
+    assert (result.outcome, result.score, result.error) == (
+        "failed", 0.0, "Exception: Execution cancelled due to errors or interruption.")
+    assert len(task_engine.requests) == 1
+    usage = result.usage["openai/fake"]
+    assert (usage.calls, usage.prompt_tokens, usage.completion_tokens) == (1, 11, 7)
+
+
+def test_calls_and_cache_hits_are_exact_with_dspy_history_disabled():
+    dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=True)
+    try:
+        engine = FakeEngine(toy_task_reply)
+        task_lm = dspy.LM(f"openai/cached-{uuid.uuid4().hex[:8]}", engine=engine, cache=True, num_retries=0)
+        with dspy.context(disable_history=True):
+            usage = []
+            for _ in range(2):
+                opt_lm, _ = make_lm(lambda request, n: REPLIES[(n - 1) % 3], model="openai/opt")
+                usage.append(compile_with(task_lm, opt_lm, num_steps=1).opro_run.usage.task)
+    finally:
+        dspy.configure_cache()
+    assert [(u.calls, u.cache_hits, u.prompt_tokens) for u in usage] == [(24, 0, 240), (24, 24, 0)]
+    assert len(engine.requests) == 24
