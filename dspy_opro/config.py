@@ -28,6 +28,7 @@ from dspy_opro.evaluation import metric_takes_trace
 from dspy_opro.meta_prompt import validate_meta_prompt_options
 from dspy_opro.placement import check_instruction_pos
 from dspy_opro.programs import callable_fingerprint, dataset_fingerprint, program_fingerprint
+from dspy_opro.racing import check_alpha
 from dspy_opro.state import Fingerprint, digest
 
 ExemplarSelection = Literal["random", "constant", "hard_diverse"]
@@ -107,6 +108,8 @@ class OPROConfig:
     # budget
     max_metric_calls: int | None = None
     max_cost: float | None = None
+    racing: bool = False
+    racing_alpha: float = 0.05
     # execution
     num_threads: int | None = None
     executor: cf.Executor | None = field(default=None, compare=False)
@@ -170,6 +173,8 @@ class OPROConfig:
         require_bool("both_orders", self.both_orders)
         require_int("max_metric_calls", self.max_metric_calls, minimum=1, allow_none=True)
         require_number("max_cost", self.max_cost, low=0.0, high=math.inf, allow_none=True)
+        require_bool("racing", self.racing)
+        check_alpha(self.racing_alpha)
         require_int("num_threads", self.num_threads, minimum=1, allow_none=True)
         if self.executor is not None and not isinstance(self.executor, cf.Executor):
             raise TypeError(f"executor must be a concurrent.futures.Executor; got {self.executor!r}")
@@ -227,6 +232,8 @@ class OPROConfig:
             "label_free": self.label_free,
             "both_orders": self.both_orders,
             "failure_score": self.failure_score,
+            "racing": self.racing,
+            "racing_alpha": self.racing_alpha,
             "seed": self.seed,
             **models.named(),
             "targets": list(targets),
