@@ -28,7 +28,6 @@ from dspy_opro.evaluation import metric_takes_trace
 from dspy_opro.meta_prompt import validate_meta_prompt_options
 from dspy_opro.placement import check_instruction_pos
 from dspy_opro.programs import callable_fingerprint, dataset_fingerprint, program_fingerprint
-from dspy_opro.racing import check_alpha
 from dspy_opro.state import Fingerprint, digest
 
 ExemplarSelection = Literal["random", "constant", "hard_diverse"]
@@ -174,6 +173,8 @@ class OPROConfig:
         require_int("max_metric_calls", self.max_metric_calls, minimum=1, allow_none=True)
         require_number("max_cost", self.max_cost, low=0.0, high=math.inf, allow_none=True)
         require_bool("racing", self.racing)
+        from dspy_opro.racing import check_alpha  # racing needs numpy, which `import dspy_opro` must not load
+
         check_alpha(self.racing_alpha)
         require_int("num_threads", self.num_threads, minimum=1, allow_none=True)
         if self.executor is not None and not isinstance(self.executor, cf.Executor):
