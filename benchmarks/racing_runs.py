@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         existing = RESULTS.read_text() if RESULTS.exists() else ""
-        marker = "\n## OPRO with racing against MIPROv2 and GEPA"
+        marker = "\n## "  # the sections written by hand after the table (longer runs, the comparison) are kept
         tail = existing[existing.index(marker):] if marker in existing else ""
         RESULTS.write_text(text + tail)
     return 0
