@@ -201,3 +201,30 @@ def test_a_kill_mid_race_repeats_nothing_but_the_evaluation_in_flight(tmp_path):
     assert outcome(resumed)[:2] == expected[:2] and outcome(resumed)[3] == expected[3]
     repeated = Counter(request_key(r) for r in before + after) - uninterrupted
     assert sum(repeated.values()) <= 1 and set(repeated) <= {request_key(before[-1])}
+
+
+def test_an_lm_failure_in_a_block_leaves_the_racing_candidate_unscored_after_that_block():
+    from dspy.lm15 import ServerError
+
+    from tests.fakes import field_value, instruction_of, user_text
+
+    failing = f"item {example_order(N, seed=0)[3]}"  # in the first block of the shared order
+    calls = Counter()
+
+    def task(request):
+        instruction = instruction_of(request)
+        calls[instruction] += 1
+        if instruction.startswith("Flaky.") and field_value(user_text(request), "question") == failing:
+            return ServerError("upstream exploded")
+        return toy_task_reply(request)
+
+    task_lm, _ = make_lm(task)
+    opt_lm, _ = make_lm(scripted_optimizer([f"<INS>{better(80)}</INS>", f"<INS>{better(85, 'Flaky.')}</INS>"]))
+    teleprompter = OPROTeleprompter(toy_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=2,
+                                    num_candidates=1, num_exemplars=0, num_threads=1, racing=True)
+    run = teleprompter.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(N)).opro_run
+    flaky = run.candidates[2]
+    assert flaky.status == "unscored" and flaky.reason.startswith("LM failures on 1 examples")
+    assert calls[better(85, "Flaky.")] == 10 + 1  # the first block, the failing example tried once more, no more
+    assert sum(s is not None for s in flaky.scores) == 9
+    assert run.best().instruction == better(80)
