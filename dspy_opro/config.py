@@ -109,6 +109,8 @@ class OPROConfig:
     # budget
     max_metric_calls: int | None = None
     max_cost: float | None = None
+    racing: bool = False
+    racing_alpha: float = 0.05
     # execution
     num_threads: int | None = None
     executor: cf.Executor | None = field(default=None, compare=False)
@@ -176,6 +178,10 @@ class OPROConfig:
         require_bool("both_orders", self.both_orders)
         require_int("max_metric_calls", self.max_metric_calls, minimum=1, allow_none=True)
         require_number("max_cost", self.max_cost, low=0.0, high=math.inf, allow_none=True)
+        require_bool("racing", self.racing)
+        from dspy_opro.racing import check_alpha  # racing needs numpy, which `import dspy_opro` must not load
+
+        check_alpha(self.racing_alpha)
         require_int("num_threads", self.num_threads, minimum=1, allow_none=True)
         if self.executor is not None and not isinstance(self.executor, cf.Executor):
             raise TypeError(f"executor must be a concurrent.futures.Executor; got {self.executor!r}")
@@ -235,6 +241,8 @@ class OPROConfig:
             "label_free": self.label_free,
             "both_orders": self.both_orders,
             "failure_score": self.failure_score,
+            "racing": self.racing,
+            "racing_alpha": self.racing_alpha,
             "seed": self.seed,
             **models.named(),
             "targets": list(targets),

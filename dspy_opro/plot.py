@@ -3,7 +3,8 @@
 The figure follows the OPRO paper's trajectory figures and adds what a reader of one run asks next: every scored
 candidate is a dot coloured by the predictor its step optimized (round-robin runs show one colour per predictor),
 candidates of one step with equal scores are spread side by side instead of hiding behind each other, validation
-scores are hollow diamonds where the run scored them, and the candidate ``compile`` returned (``state.selection``)
+scores are hollow diamonds where the run scored them, candidates racing stopped are grey crosses at their partial
+mean ("raced out", never on the best-so-far line), and the candidate ``compile`` returned (``state.selection``)
 is a star with its training and validation scores in the legend. The legend sits below the axes, away from the
 data, and the y-axis is named after what is plotted: the metric's training score, or, for label-free runs, the
 preference over the starting program.
@@ -45,6 +46,7 @@ PREDICTOR_COLOURS = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d5
 
 CANDIDATE_LABEL = "candidate"
 VALIDATION_LABEL = "validation score"
+RACED_OUT_LABEL = "raced out (partial mean)"
 COUNT_FONT_SIZE = 7
 
 
@@ -176,6 +178,12 @@ def build_trajectory_figure(state: RunState) -> Figure:
             label=label,
             zorder=4,
         )
+
+    # Racing: a candidate stopped early, at its partial mean; never part of the best-so-far line.
+    raced_out = [c for c in state.candidates if c.status == "raced_out" and c.score is not None]
+    if raced_out:
+        axes.scatter([c.step for c in raced_out], [100 * c.score for c in raced_out], s=22, marker="x",  # type: ignore[operator]
+                     color=START_COLOUR, alpha=0.7, linewidths=1.0, label=RACED_OUT_LABEL, zorder=2)
 
     # Equal scores: besides the spread, a count over each group, readable even when many steps squeeze it.
     for (step, y), group in _equal_groups(scored, lambda c: c.score).items():

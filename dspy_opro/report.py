@@ -166,6 +166,8 @@ def _best_so_far(state: RunState, step: int) -> Candidate | None:
 def _status_text(candidate: Candidate) -> str:
     if candidate.status == "scored" and candidate.score is not None:
         return _fmt_pct(candidate.score)
+    if candidate.status == "raced_out" and candidate.score is not None:  # its partial mean, then how far it ran
+        return f"{_fmt_pct(candidate.score)} ({candidate.reason})"
     return f"{candidate.status}: {candidate.reason}" if candidate.reason else candidate.status
 
 
@@ -352,7 +354,8 @@ def render_run_report(state: RunState) -> str:
     lines.append(f"- Training examples: {state.train_size}; validation examples: {state.val_size}")
     steps_done = sum(1 for s in state.steps if s.complete)
     lines.append(f"- Steps: {len(state.steps)} ({steps_done} complete)")
-    status_text = ", ".join(f"{s} {counts[s]}" for s in ("scored", "unscored", "skipped", "pending") if counts[s])
+    status_text = ", ".join(f"{s} {counts[s]}" for s in ("scored", "raced_out", "unscored", "skipped", "pending")
+                            if counts[s])
     lines.append(f"- Candidates: {len(state.candidates)}" + (f" ({status_text})" if status_text else ""))
     lines.append(f"- Metric calls: {state.metric_calls:,}")
     lines.append(f"- Best training score: {_fmt_pct(best.score) + f' ({_candidate_label(best)})' if best else DASH}")

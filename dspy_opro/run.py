@@ -188,11 +188,12 @@ class OPRORun:
         self.state.status = "stopped"
         self.state.stop_reason = reason
 
-    def _score(self, candidates: list[Candidate], split: str) -> None:
+    def _score(self, candidates: list[Candidate], split: str, *, race_against: int | None = None) -> None:
         self._show_best()
         self.progress.start_phase(self._phase_name(candidates, split), self._evaluations_due(candidates, split))
+        best = self.state.candidates[race_against] if race_against is not None else None
         try:
-            stop_reason = self.scorer.score(candidates, split)
+            stop_reason = self.scorer.score(candidates, split, race_against=best)
         finally:
             self.progress.end_phase()
         if stop_reason is not None:
@@ -286,7 +287,13 @@ class OPRORun:
         if pending:
             logger.info("Scoring %d candidates again that LM failures left unscored before the run stopped",
                         len(pending))
-            self._score(pending, "train")
+            if not self.config.racing:
+                self._score(pending, "train")
+                return
+            for step in sorted({c.step for c in pending}):  # each step's candidates race that step's best
+                if self.state.status == "stopped":
+                    break
+                self._score([c for c in pending if c.step == step], "train", race_against=steps[step].race_against)
 
     def _run_step(self, step: int) -> None:
         state, config = self.state, self.config
@@ -309,6 +316,8 @@ class OPRORun:
             record = Step(step=step, predictor=predictor, exemplar_indices=exemplar_indices, meta_prompt=meta_prompt,
                           temperature=config.temperature, failed_calls=proposals.failed_calls,
                           errors=proposals.errors)
+            if config.racing:  # the best at the start of the step, fixed for the step (and for its resumption)
+                record.race_against = (state.best() or state.candidates[START_ID]).id
             self._triage(record, proposals.replies)
             state.steps.append(record)
             self._save()
@@ -318,7 +327,7 @@ class OPRORun:
         logger.info("Step %d: %d replies, %d new, %d duplicates, %d skipped, %d failed calls", step, len(fates),
                     fates.count("new"), fates.count("duplicate"),
                     len(fates) - fates.count("new") - fates.count("duplicate"), record.failed_calls)
-        self._score(new, "train")
+        self._score(new, "train", race_against=record.race_against)
         best = state.best()
         record.best_score = best.score if best is not None else None
         record.complete = state.status != "stopped"

@@ -5,13 +5,16 @@
 budgets stop it at an exact count, and hands each finished result back in the calling thread.
 :class:`CandidateScorer` decides what to run (every example a candidate has no score for), stores each result on its
 candidate as it arrives, journals it, and finishes a candidate once all its examples are in: ``scored`` with its
-mean, or ``unscored`` when LM failures left examples without a score. Fatal LM errors and broken metrics stop the
+mean, or ``unscored`` when LM failures left examples without a score. With ``racing=True`` a step's new candidates
+race the best (:mod:`dspy_opro.racing`): they run in rounds of one block each, and a candidate the test stops is
+``raced_out`` with its partial mean. Fatal LM errors and broken metrics stop the
 run here, naming the model or the example.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -24,7 +27,17 @@ from dspy_opro.config import Models, OPROConfig
 from dspy_opro.data import RunData
 from dspy_opro.errors import FatalLMError, MetricError, OPRORunError, describe_exception
 from dspy_opro.evaluation import ExampleJob, ExampleResult, run_example
-from dspy_opro.state import START_ID, Candidate, ModelUsage, RunState, mean_score, record_result
+from dspy_opro.racing import Race, RacingSchedule, example_order
+from dspy_opro.state import (
+    START_ID,
+    Candidate,
+    ModelUsage,
+    RaceLook,
+    RaceRecord,
+    RunState,
+    mean_score,
+    record_result,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -177,14 +190,29 @@ class CandidateScorer:
         self._remaining: dict[tuple[str, int], set[int]] = {}
         self._infra_errors: dict[tuple[str, int], list[str]] = {}
         self._warned: set[tuple[str, int]] = set()
+        self._races: dict[int, Race] = {}  # racing: the races of the training scoring under way
+        self._race_against: int | None = None
 
-    def score(self, candidates: list[Candidate], split: str) -> str | None:
+    def score(self, candidates: list[Candidate], split: str, *, race_against: Candidate | None = None) -> str | None:
         """Score ``candidates`` on every example of ``split`` they have no score for, all in parallel.
 
-        Returns the budget's reason when it stopped the scoring early (what was cut short is recorded), else None.
+        Args:
+            candidates: The candidates to score.
+            split: ``"train"`` or ``"val"``.
+            race_against: With ``racing=True`` on ``"train"``: the best candidate at the start of the step. Every
+                other candidate but the start then races it (:mod:`dspy_opro.racing`): its examples are run block
+                by block in the shared seeded order, every candidate's next block only once the previous look is
+                decided, and a candidate the test finds worse is recorded ``raced_out``. Recorded scores are replayed
+                into the race first, so a resumed race takes the same decisions.
+
+        Returns:
+            The budget's reason when it stopped the scoring early (what was cut short is recorded), else None.
         """
         examples = self.data.examples(split)
-        todo: list[tuple[Candidate, list[int]]] = []
+        racing = race_against is not None and split == "train" and self.config.racing
+        if split == "train":
+            self._races, self._race_against = {}, race_against.id if racing else None
+        todo: list[Candidate] = []
         for candidate in candidates:
             if split == "val" and candidate.val_scores is None:
                 candidate.val_scores = [None] * len(examples)
@@ -193,33 +221,97 @@ class CandidateScorer:
             key = (split, candidate.id)
             self._remaining[key] = set(missing)
             self._infra_errors[key] = []
+            if racing and candidate.id not in (START_ID, race_against.id):
+                race = self._races[candidate.id] = self._new_race(candidate, race_against)
+                if race.decision.action == "stop":  # its recorded scores already decide it (a resumed race)
+                    self._race_out(candidate)
+                    continue
             if missing:
-                todo.append((candidate, missing))
+                todo.append(candidate)
             else:
                 self._finish(candidate, split)
 
-        label_free = self.config.label_free
-
-        def jobs() -> Iterator[ExampleJob]:
-            for candidate, missing in todo:
-                program = self.program_for(candidate)
-                # Label-free: the starting program runs without a metric; its runs are the anchors.
-                metric = None if label_free and candidate.id == START_ID else self.metric
-                for i in missing:
-                    yield ExampleJob(
-                        candidate_id=candidate.id, index=i, program=program, example=examples[i], metric=metric,
-                        failure_score=self.config.failure_score, settings=self.settings, split=split,
-                        answer_fields=self.data.answer_fields(i, split), keep_trace=label_free,
-                        metric_takes_trace=self.metric_takes_trace, judge_failures=label_free)
-
-        stop_reason = self.evaluator.run(jobs(), self.budget, self._on_result)
-        if stop_reason is not None:
-            for candidate, _ in todo:
-                key = (split, candidate.id)
-                if self._remaining.pop(key, None) and split == "train":
-                    candidate.status = "unscored"
-                    candidate.reason = f"{CUT_SHORT}: {stop_reason}"
+        stop_reason: str | None = None
+        first_round = True
+        while stop_reason is None:
+            # One round: every candidate's next block (all its missing examples when it does not race). A round is
+            # run to its end before the next is planned, so which evaluations run depends on the scores alone,
+            # never on the thread count or the order results arrive in.
+            round_jobs = [(candidate, indices) for candidate in todo
+                          if (indices := self._next_block(candidate, split, first_round))]
+            first_round = False
+            if not round_jobs:
+                break
+            stop_reason = self.evaluator.run(self._jobs(round_jobs, split, examples), self.budget, self._on_result)
+        for candidate in todo:
+            key = (split, candidate.id)
+            if key not in self._remaining:
+                continue
+            self._remaining.pop(key)
+            if split != "train":
+                continue
+            if stop_reason is not None:
+                candidate.status = "unscored"
+                candidate.reason = f"{CUT_SHORT}: {stop_reason}"
+            else:  # a race an LM failure left with a gap in its block: unscored, tried again like any other
+                self._finish(candidate, split)
         return stop_reason
+
+    def _new_race(self, candidate: Candidate, best: Candidate) -> Race:
+        """A race of ``candidate`` against ``best`` with the candidate's recorded scores replayed into it."""
+        n = len(candidate.scores)
+        race = Race(best_scores=best.scores, order=example_order(n, seed=self.config.seed),
+                    schedule=RacingSchedule.build(n), alpha=self.config.racing_alpha, seed=self.config.seed,
+                    stream=candidate.id)
+        for index, value in enumerate(candidate.scores):  # a race's decisions do not depend on the arrival order
+            if value is not None:
+                race.record(index, value)
+        return race
+
+    def _next_block(self, candidate: Candidate, split: str, first_round: bool) -> list[int]:
+        """The examples ``candidate`` runs in the next round."""
+        key = (split, candidate.id)
+        if key not in self._remaining:
+            return []
+        race = self._races.get(candidate.id) if split == "train" else None
+        if race is None:
+            return sorted(self._remaining[key]) if first_round else []
+        if self._infra_errors[key]:
+            return []  # an LM failure left a gap the race cannot decide past
+        return race.needed()
+
+    def _jobs(self, round_jobs: list[tuple[Candidate, list[int]]], split: str,
+              examples: list[Any]) -> Iterator[ExampleJob]:
+        label_free = self.config.label_free
+        for candidate, indices in round_jobs:
+            program = self.program_for(candidate)
+            # Label-free: the starting program runs without a metric; its runs are the anchors.
+            metric = None if label_free and candidate.id == START_ID else self.metric
+            for i in indices:
+                yield ExampleJob(
+                    candidate_id=candidate.id, index=i, program=program, example=examples[i], metric=metric,
+                    failure_score=self.config.failure_score, settings=self.settings, split=split,
+                    answer_fields=self.data.answer_fields(i, split), keep_trace=label_free,
+                    metric_takes_trace=self.metric_takes_trace, judge_failures=label_free)
+
+    def _race_out(self, candidate: Candidate) -> None:
+        """Record a candidate its race stopped: ``raced_out``, its partial mean as its score, the looks."""
+        race = self._races[candidate.id]
+        self._remaining.pop(("train", candidate.id), None)
+        self._infra_errors.pop(("train", candidate.id), None)
+        self._warn_program_errors(candidate, "train")
+        candidate.status = "raced_out"
+        candidate.score = race.decision.mean
+        candidate.reason = race.decision.reason
+        candidate.race = self._race_record(race)
+        candidate.failed.sort()
+        logger.info("Candidate %d %s (partial mean %.1f)", candidate.id, candidate.reason, 100 * candidate.score)
+
+    def _race_record(self, race: Race) -> RaceRecord:
+        stopped = race.decision.action == "stop"
+        return RaceRecord(against=self._race_against, examples=race.decision.examples, n=race.n,
+                          looks=[RaceLook(**dataclasses.asdict(look)) for look in race.looks],
+                          stopped_at=race.decision.examples if stopped else None)
 
     def _on_result(self, result: ExampleResult) -> None:
         state = self.state
@@ -240,6 +332,14 @@ class CandidateScorer:
         record_result(candidate, index=result.index, split=split, outcome=result.outcome, score=result.score,
                       error=result.error, answer=result.answer)
         key = (split, candidate.id)
+        race = self._races.get(candidate.id) if split == "train" else None
+        if race is not None and candidate.status == "pending" and result.score is not None:
+            if race.record(result.index, result.score).action == "stop":
+                self._race_out(candidate)
+                self.save()
+                return
+        if key not in self._remaining:
+            return  # a result past its candidate's stop: paid and recorded, the decision stands
         self._remaining[key].discard(result.index)
         if result.outcome == "infra":
             self._infra_errors[key].append(result.error or "unknown error")
@@ -273,6 +373,9 @@ class CandidateScorer:
         candidate.status = "scored"
         candidate.score = mean_score(scores)
         candidate.failed.sort()
+        race = self._races.get(candidate.id)
+        if race is not None:
+            candidate.race = self._race_record(race)
 
     def _warn_program_errors(self, candidate: Candidate, split: str) -> None:
         """One WARNING per candidate and split whose program raised: how often, and the first error."""

@@ -19,7 +19,9 @@ from pydantic import BaseModel, Field, field_validator
 SCHEMA_VERSION = 1
 START_ID = 0  # the program as given is always candidate 0 (step -1)
 
-CandidateStatus = Literal["pending", "scored", "unscored", "skipped"]
+# "raced_out": racing stopped the candidate once it was significantly worse than the best; its score is the partial
+# mean over the examples it ran (shown in meta-prompts), and it can never be the best or be returned.
+CandidateStatus = Literal["pending", "scored", "unscored", "skipped", "raced_out"]
 ReplyFate = Literal["new", "duplicate", "empty", "too_long", "contains_ins", "no_instruction"]
 
 # Scores are mostly a handful of values (0.0, 1.0, ...): sharing one float object per value keeps a record of
@@ -103,6 +105,31 @@ class ErrorRecord(BaseModel):
 MAX_ERROR_KINDS = 20  # distinct errors kept per candidate; further ones only count in error_count
 
 
+class RaceLook(BaseModel):
+    """One look of a candidate's race (:class:`dspy_opro.racing.Look`): the sign counts and the critical value."""
+
+    examples: int  # examples of the shared order scored at this look
+    worse: int  # examples the candidate lost to the best (sign -1)
+    better: int  # examples it won (sign +1)
+    critical: int | None  # count of -1 signs at or above which it stops; None: no stop possible at this look
+    spent: float  # alpha spent up to this look
+    stop: bool
+
+
+class RaceRecord(BaseModel):
+    """A candidate's race against the best at the start of its step (``racing=True``)."""
+
+    against: int  # the id of the best candidate it raced against
+    examples: int  # examples its decision rests on (n when it completed)
+    n: int
+    looks: list[RaceLook] = Field(default_factory=list)
+    stopped_at: int | None = None  # the examples of the look that stopped it; None: it ran all n
+
+    @property
+    def reason(self) -> str | None:
+        return f"raced out after {self.stopped_at} of {self.n}" if self.stopped_at is not None else None
+
+
 class Candidate(BaseModel):
     """One program configuration that was (or was to be) scored on the training set."""
 
@@ -137,7 +164,10 @@ class Candidate(BaseModel):
     errors: list[ErrorRecord] = Field(default_factory=list)
     """The first occurrence of each distinct error (at most 20 kinds; further ones count only in `error_count`)."""
     score: float | None = None
-    """The training mean in [0, 1], set once every training example is scored."""
+    """The training mean in [0, 1], set once every training example is scored (raced out: the mean over the
+    examples it ran)."""
+    race: RaceRecord | None = None
+    """`racing=True`: how its race went (the best it raced, the looks, where it stopped)."""
     val_scores: list[float | None] | None = None
     """One score per validation example; `None` for a candidate never scored on the valset."""
     val_score: float | None = None
@@ -187,6 +217,8 @@ class Step(BaseModel):
     """Whether every new candidate of the step was scored (false while running, or when a budget cut it short)."""
     best_score: float | None = None
     """The best training score of the run after this step."""
+    race_against: int | None = None
+    """`racing=True`: the best candidate at the start of the step, which the step's candidates race."""
 
 
 class Selection(BaseModel):
@@ -259,6 +291,10 @@ class RunState(BaseModel):
 
     def scored(self) -> list[Candidate]:
         return [c for c in self.candidates if c.status == "scored"]
+
+    def with_scores(self) -> list[Candidate]:
+        """The candidates a meta-prompt shows: the fully scored ones and the raced-out ones (partial means)."""
+        return [c for c in self.candidates if c.status in ("scored", "raced_out") and c.score is not None]
 
     def best(self) -> Candidate | None:
         """The best scored candidate on training; the earliest wins a tie (:func:`best_candidate`)."""

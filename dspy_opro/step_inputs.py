@@ -1,11 +1,11 @@
 """What one step's meta-prompt shows: the predictor's scored history and a few training problems with answers.
 
 The history of a predictor is its instruction in the program as given and its scored initial instructions (both
-step -1), then every scored instruction proposed for it, each with its training score;
-:func:`dspy_opro.meta_prompt.gen_meta_prompt` sorts, filters and buckets it as the authors do. The problems are
-drawn by :class:`ExemplarPicker`: the authors' uniform draw
-(``"random"`` or ``"constant"``, :func:`dspy_opro.exemplars.draw_exemplar_indices`) or the hard-and-diverse DPP
-(:mod:`dspy_opro.diversity`), from every training example that has something to show as its answer.
+step -1), then every scored instruction proposed for it, each with its training score (a raced-out one with its
+partial mean); :func:`dspy_opro.meta_prompt.gen_meta_prompt` sorts, filters and buckets it as the authors do. The
+problems are drawn by :class:`ExemplarPicker`: the authors' uniform draw (``"random"`` or ``"constant"``,
+:func:`dspy_opro.exemplars.draw_exemplar_indices`) or the hard-and-diverse DPP (:mod:`dspy_opro.diversity`), from
+every training example that has something to show as its answer.
 """
 
 from __future__ import annotations
@@ -17,9 +17,12 @@ from dspy_opro.state import Candidate, RunState
 
 
 def predictor_history(state: RunState, predictor: str) -> list[tuple[str, float, int]]:
-    """``(instruction, score, step)`` of every scored candidate that set ``predictor``'s instruction."""
+    """``(instruction, score, step)`` of every scored candidate that set ``predictor``'s instruction.
+
+    A candidate racing stopped appears with its partial mean, the mean over the examples it ran.
+    """
     history = []
-    for candidate in state.scored():
+    for candidate in state.with_scores():
         if candidate.predictor is None:
             history.append((candidate.instructions[predictor], candidate.score, -1))
         elif candidate.predictor == predictor:

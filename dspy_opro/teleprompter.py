@@ -93,6 +93,12 @@ class OPROTeleprompter(Teleprompter):
         max_metric_calls: Budget in evaluations (one program run plus its metric on one example), training and
             validation together; the run stops cleanly when the next evaluation would exceed it.
         max_cost: Budget in USD, from the recorded cost of both models; the run stops cleanly once reached.
+        racing: Score each new candidate block by block in one seeded order of the training examples and stop it
+            once a one-sided paired sign test says it is worse than the best at the start of its step (never
+            before ``max(10, ceil(n / 10))`` examples). A stopped candidate is recorded ``raced_out`` with its
+            partial mean, which the meta-prompts show; only fully scored candidates can be returned.
+        racing_alpha: Racing's level: the probability of stopping a candidate at least as good as the best is at
+            most this (for i.i.d. examples).
 
         num_threads: Parallel evaluations (and optimizer calls); None: ``dspy.settings.num_threads`` or 1.
         executor: A ``concurrent.futures.Executor`` to run evaluations on instead of threads (for example
@@ -147,6 +153,8 @@ class OPROTeleprompter(Teleprompter):
         # budget
         max_metric_calls: int | None = None,
         max_cost: float | None = None,
+        racing: bool = False,
+        racing_alpha: float = 0.05,
         # execution
         num_threads: int | None = None,
         executor: cf.Executor | None = None,
@@ -168,9 +176,9 @@ class OPROTeleprompter(Teleprompter):
             include_qa=include_qa, meta_prompt_type=meta_prompt_type, task_description=task_description,
             max_instruction_chars=max_instruction_chars, temperature=temperature, max_tokens=max_tokens,
             predictors=predictors, select=select, top_k=top_k, val_gate=val_gate, min_delta=min_delta,
-            both_orders=both_orders, max_metric_calls=max_metric_calls, max_cost=max_cost, num_threads=num_threads,
-            executor=executor, failure_score=failure_score, log_dir=log_dir, seed=seed,
-            display_progress=display_progress,
+            both_orders=both_orders, max_metric_calls=max_metric_calls, max_cost=max_cost, racing=racing,
+            racing_alpha=racing_alpha, num_threads=num_threads, executor=executor, failure_score=failure_score,
+            log_dir=log_dir, seed=seed, display_progress=display_progress,
         )
         self.metric = metric  # as every DSPy teleprompter exposes it
 

@@ -13,6 +13,8 @@ counted in metric calls (one program run plus its metric on one example):
 ``num_trials``/``num_candidates`` (and minibatches
   on large training sets) so that its evaluations on the training set come to about N;
 * ``gepa``: ``dspy.GEPA``, ``max_metric_calls=N``;
+* ``opro-racing`` (``--contenders`` only): ``racing=True``, twice the planned steps,
+  the same ``max_metric_calls=N``;
 * with ``--opro-variants``: ``opro-hard-diverse``
 (``exemplar_selection="hard_diverse"``), ``opro-val-gate``
   (``val_gate=True``: it sees the validation split, so its validation score is not held
@@ -69,6 +71,8 @@ from dspy_opro import OPROTeleprompter  # noqa: E402
 DATA = Path(__file__).parent / "data" / "word_problems.jsonl"
 STANDARD = ["baseline", "opro", "copro", "miprov2", "gepa"]
 OPRO_VARIANTS = ["opro-hard-diverse", "opro-val-gate", "opro-label-free"]
+# Selectable with --contenders only (not added by --opro-variants).
+OPRO_EXTRA = ["opro-racing"]
 FIELDS = [
     "name",
     "train",
@@ -320,6 +324,10 @@ def _run_opro(
             "; task model judges, gate on the valset",
         )
     steps, candidates = opro_plan(setup.budget, n_train, reserve)
+    if variant == "opro-racing":
+        # Racing spends fewer calls per step: plan twice the steps, the budget caps it.
+        options["racing"], steps = True, 2 * steps
+        note = "; racing"
     optimizer = OPROTeleprompter(
         **options,
         prompt_model=setup.prompt_lm,
@@ -486,7 +494,7 @@ def _run_extra(
 def contender_name(spec: str) -> str:
     """The row name of a contender: standard names as given, extras by lower-case class
     name."""
-    if spec in STANDARD or spec in OPRO_VARIANTS:
+    if spec in STANDARD or spec in OPRO_VARIANTS or spec in OPRO_EXTRA:
         return spec
     return spec.rpartition(".")[2].lower()
 
@@ -494,7 +502,7 @@ def contender_name(spec: str) -> str:
 def _compile(setup: Setup, spec: str, student: dspy.Module) -> tuple[dspy.Module, str]:
     if spec == "baseline":
         return student, "none"
-    if spec == "opro" or spec in OPRO_VARIANTS:
+    if spec == "opro" or spec in OPRO_VARIANTS or spec in OPRO_EXTRA:
         return _run_opro(setup, student, spec)
     if spec == "copro":
         return _run_copro(setup, student)
@@ -770,7 +778,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--contenders",
         default=",".join(STANDARD),
-        help=f"comma-separated, from {', '.join(STANDARD + OPRO_VARIANTS)}",
+        help="comma-separated, from "
+        + ", ".join(STANDARD + OPRO_VARIANTS + OPRO_EXTRA),
     )
     parser.add_argument(
         "--opro-variants", action="store_true", help="add " + ", ".join(OPRO_VARIANTS)
@@ -807,7 +816,8 @@ def main(argv: list[str] | None = None) -> int:
     if not trainset:
         parser.error("no training examples")
     contenders = [name.strip() for name in args.contenders.split(",") if name.strip()]
-    unknown = [name for name in contenders if name not in STANDARD + OPRO_VARIANTS]
+    known = STANDARD + OPRO_VARIANTS + OPRO_EXTRA
+    unknown = [name for name in contenders if name not in known]
     if unknown:
         parser.error(
             f"unknown contenders {unknown}; use --extra for other teleprompters"
