@@ -101,7 +101,7 @@ class OPRORun:
                 config=config, data=self.data, state=state, models=self.models, evaluator=self.evaluator,
                 budget=self.budget, program_for=self._program, metric=metric,
                 metric_takes_trace=metric_takes_trace(metric), settings=self.settings, on_usage=self._record_usage,
-                on_result=self._on_result)
+                on_result=self._on_result, on_finished=lambda candidate: self._show_best())
         except BaseException:
             self.recorder.close()
             raise
@@ -389,7 +389,6 @@ class OPRORun:
 
     def _save(self) -> None:
         self.recorder.save(self.state)
-        self._show_best()  # the scorer saves after every finished candidate
 
     # ------------------------------------------------------------------------------------------------------------
     # Final selection and output

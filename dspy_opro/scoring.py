@@ -172,6 +172,8 @@ class CandidateScorer:
         on_usage: Records an evaluation's usage (run record and the caller's tracker).
         on_result: Called with every candidate and result before it is stored: the journal, the progress bar,
             label-free anchors.
+        on_finished: Called with every candidate whose scoring on a split ended (scored or not): the best score
+            the progress bar shows.
 
     The scorer does not write the run record: the journal keeps every result until the run's next snapshot (after
     the step, see :mod:`dspy_opro.run`).
@@ -181,12 +183,13 @@ class CandidateScorer:
                  budget: Budget, program_for: Callable[[Candidate], dspy.Module], metric: Any,
                  metric_takes_trace: bool, settings: dict[str, Any],
                  on_usage: Callable[[Literal["optimizer", "task"], dict[str, ModelUsage]], None],
-                 on_result: Callable[[Candidate, ExampleResult], None]):
+                 on_result: Callable[[Candidate, ExampleResult], None],
+                 on_finished: Callable[[Candidate], None] = lambda candidate: None):
         self.config, self.data, self.state, self.models = config, data, state, models
         self.evaluator, self.budget = evaluator, budget
         self.program_for, self.metric, self.metric_takes_trace, self.settings = (
             program_for, metric, metric_takes_trace, settings)
-        self.on_usage, self.on_result = on_usage, on_result
+        self.on_usage, self.on_result, self.on_finished = on_usage, on_result, on_finished
         self._remaining: dict[tuple[str, int], set[int]] = {}
         self._infra_errors: dict[tuple[str, int], list[str]] = {}
         self._warned: set[tuple[str, int]] = set()
@@ -335,8 +338,9 @@ class CandidateScorer:
         race = self._races.get(candidate.id) if split == "train" else None
         if race is not None and candidate.status == "pending" and result.score is not None:
             if race.record(result.index, result.score).action == "stop":
+                # Not saved here: the journal holds the scores, and a resumed run replays them into a new race,
+                # which stops at the same look (a race's decisions depend on the scores, not on their order).
                 self._race_out(candidate)
-                self.save()
                 return
         if key not in self._remaining:
             return  # a result past its candidate's stop: paid and recorded, the decision stands
@@ -357,6 +361,11 @@ class CandidateScorer:
         return "model inside the metric", result.model or "unknown"
 
     def _finish(self, candidate: Candidate, split: str) -> None:
+        self._settle(candidate, split)
+        self.on_finished(candidate)
+
+    def _settle(self, candidate: Candidate, split: str) -> None:
+        """Decide a candidate whose scoring on ``split`` ended: its mean, or why it has none."""
         self._warn_program_errors(candidate, split)
         errors = self._infra_errors.pop((split, candidate.id), [])
         scores = candidate.scores if split == "train" else candidate.val_scores
