@@ -1,7 +1,5 @@
 """Crash-safe runs: SIGKILL and resume, refusal of a different run, corrupt state, Ctrl-C."""
 
-import _thread
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -94,15 +92,24 @@ def test_a_truncated_state_file_is_a_clear_error(tmp_path):
     assert task_engine.requests == []
 
 
-def test_ctrl_c_saves_state_before_propagating_and_the_run_resumes(tmp_path):
-    calls = [0]
+def test_ctrl_c_saves_state_before_propagating_and_the_run_resumes(tmp_path, monkeypatch):
+    from dspy_opro.scoring import CandidateScorer
+
+    calls, results = [0], [0]
+    record_result = CandidateScorer._on_result
 
     def task(request):
         calls[0] += 1
-        if calls[0] == 9:
-            _thread.interrupt_main()
         return toy_task_reply(request)
 
+    def ctrl_c_at_the_ninth_result(self, result):
+        # Ctrl-C reaches the main thread while the 9th evaluation's result comes in: it was paid, not recorded.
+        results[0] += 1
+        if results[0] == 9:
+            raise KeyboardInterrupt
+        return record_result(self, result)
+
+    monkeypatch.setattr(CandidateScorer, "_on_result", ctrl_c_at_the_ninth_result)
     task_lm, _ = make_lm(task)
     opt_lm, _ = make_lm(lambda request: "<INS>Better.</INS>")
     teleprompter = OPROTeleprompter(toy_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=1,
@@ -110,9 +117,9 @@ def test_ctrl_c_saves_state_before_propagating_and_the_run_resumes(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         teleprompter.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(5))
     saved = load_state(tmp_path)
-    assert saved.candidates[0].status == "scored"
-    journal = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
-    assert len(journal) + sum(v is not None for v in saved.candidates[1].scores) >= 3
+    assert saved.status == "interrupted" and saved.candidates[0].status == "scored"
+    assert calls[0] == 9
+    monkeypatch.setattr(CandidateScorer, "_on_result", record_result)
     resumed = teleprompter.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(5))
     assert resumed.signature.instructions == "Better."
     assert resumed.opro_run.candidates[1].score == 1 / 5
