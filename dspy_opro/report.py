@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from dspy_opro.markdown import DASH, cell, code, fenced, fmt_cost, fmt_pct, fmt_row_pct, inline, pct, table
 from dspy_opro.plot import PLOT_INSTALL_HINT, plot_trajectory  # noqa: F401 (re-exported; the plot lives there)
 from dspy_opro.state import Candidate, ModelUsage, RunState, Step, UsageRecord, best_candidate, ranked_candidates
 
@@ -47,85 +47,14 @@ STEPS_DIR = "steps"
 META_PROMPT_FILE = "meta_prompt.txt"
 REPLIES_FILE = "replies.json"
 
-CELL_CHARS = 200  # longer text is cut in table cells (the full text is in replies.json / the fenced blocks)
 TOP_INSTRUCTIONS = 5
 MAX_ERROR_ROWS = 50  # rows of the "Program errors" table in report.md; the rest are in state.json
-DASH = "—"
 
 # --------------------------------------------------------------------------------------------------- formatting
 
 
-def _pct(score: float | None) -> float | None:
-    """A [0, 1] score on the 0-100 scale, rounded to one decimal."""
-    return None if score is None else round(score * 100, 1)
-
-
-def _fmt_pct(score: float | None) -> str:
-    return DASH if score is None else f"{score * 100:.1f}"
-
-
-def _fmt_row_pct(value: float | None) -> str:
-    return DASH if value is None else f"{value:.1f}"
-
-
-def _cell(text: Any, limit: int | None = CELL_CHARS) -> str:
-    """Text made safe for one Markdown table cell: cut to ``limit`` characters, ``|``, ``\\`` and ``<`` escaped,
-    line breaks as ``<br>``."""
-    text = str(text).replace("\r\n", "\n").replace("\r", "\n")
-    if limit is not None and len(text) > limit:
-        text = text[: limit - 1].rstrip() + "…"
-    text = text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "\\<")
-    return text.replace("\n", "<br>")
-
-
-def _inline(text: Any) -> str:
-    """Text for a list item or a paragraph: on one line, with HTML-looking tags kept visible."""
-    text = str(text).replace("\\", "\\\\").replace("<", "\\<")
-    return " ".join(text.split())
-
-
-def _code(name: Any) -> str:
-    """An identifier (a predictor's name) as a code span."""
-    name = str(name)
-    fence = "``" if "`" in name else "`"
-    pad = " " if name.startswith("`") or name.endswith("`") else ""
-    return f"{fence}{pad}{name}{pad}{fence}"
-
-
-def _fenced(text: str, info: str = "text") -> str:
-    """``text`` in a fenced code block whose fence is longer than any run of backticks inside it."""
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    body = text if text.endswith("\n") else text + "\n"
-    return f"{fence}{info}\n{body}{fence}"
-
-
-def _table(header: list[str], rows: list[list[str]], align: list[str] | None = None) -> str:
-    align = align or ["---"] * len(header)
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _money(cost: float) -> str:
-    if cost == 0:
-        return "$0.00"
-    if cost < 0.01:
-        return f"${cost:.6f}"
-    if cost < 1:
-        return f"${cost:.4f}"
-    return f"${cost:,.2f}"
-
-
-def _fmt_cost(cost: float, unpriced_calls: int) -> str:
-    """The cost, ``unknown`` when no call was priced, ``≥ $x`` when only some were (the cost is a lower bound)."""
-    if unpriced_calls:
-        return "unknown" if cost == 0 else f"≥ {_money(cost)}"
-    return _money(cost)
-
-
 def _predictor_label(predictor: str | None) -> str:
-    return "(start)" if predictor is None else _code(predictor)
+    return "(start)" if predictor is None else code(predictor)
 
 
 # ------------------------------------------------------------------------------------------------ run queries
@@ -165,9 +94,9 @@ def _best_so_far(state: RunState, step: int) -> Candidate | None:
 
 def _status_text(candidate: Candidate) -> str:
     if candidate.status == "scored" and candidate.score is not None:
-        return _fmt_pct(candidate.score)
+        return fmt_pct(candidate.score)
     if candidate.status == "raced_out" and candidate.score is not None:  # its partial mean, then how far it ran
-        return f"{_fmt_pct(candidate.score)} ({candidate.reason})"
+        return f"{fmt_pct(candidate.score)} ({candidate.reason})"
     return f"{candidate.status}: {candidate.reason}" if candidate.reason else candidate.status
 
 
@@ -209,8 +138,8 @@ def trajectory_rows(state: RunState) -> list[dict[str, Any]]:
                 "step": step,
                 "predictor": predictor,
                 "scored": sum(c.status == "scored" for c in candidates),
-                "best_this_step": _pct(best.score) if best else None,
-                "best_so_far": _pct(so_far.score) if so_far else None,
+                "best_this_step": pct(best.score) if best else None,
+                "best_so_far": pct(so_far.score) if so_far else None,
             }
         )
     return rows
@@ -235,13 +164,13 @@ def format_usage(usage: UsageRecord) -> str:
             f"{u.cache_hits:,}",
             f"{u.prompt_tokens:,}",
             f"{u.completion_tokens:,}",
-            _fmt_cost(u.cost, u.unpriced_calls),
+            fmt_cost(u.cost, u.unpriced_calls),
         ]
 
-    text = _table(header, [row("optimizer", usage.optimizer), row("task", usage.task), row("total", total)], align)
+    text = table(header, [row("optimizer", usage.optimizer), row("task", usage.task), row("total", total)], align)
     if usage.by_model:
-        rows = [row(_cell(_code(model), None), u) for model, u in usage.by_model.items()]
-        text += "\n\n" + _table(["Model", *header[1:]], rows, align)
+        rows = [row(cell(code(model), None), u) for model, u in usage.by_model.items()]
+        text += "\n\n" + table(["Model", *header[1:]], rows, align)
     return text
 
 
@@ -256,7 +185,7 @@ def render_step_report(state: RunState, step: int) -> str:
     fates = Counter(reply.fate for reply in record.replies)
 
     lines = [f"# OPRO step {step}", ""]
-    lines.append(f"- Predictor: {_code(record.predictor)}")
+    lines.append(f"- Predictor: {code(record.predictor)}")
     exemplars = ", ".join(str(i) for i in record.exemplar_indices) or "none"
     lines.append(f"- Exemplars (training indices): {exemplars}")
     lines.append(f"- Temperature: {record.temperature:g}")
@@ -266,8 +195,8 @@ def render_step_report(state: RunState, step: int) -> str:
         lines.append(f"- Failed optimizer calls: {record.failed_calls}")
     if not record.complete:
         lines.append("- Complete: no (the run stopped or was interrupted during this step)")
-    lines.append(f"- Best this step: {_fmt_pct(best.score) + f' (candidate {best.id})' if best else DASH}")
-    lines.append(f"- Best so far: {_fmt_pct(so_far.score) + f' ({_candidate_label(so_far)})' if so_far else DASH}")
+    lines.append(f"- Best this step: {fmt_pct(best.score) + f' (candidate {best.id})' if best else DASH}")
+    lines.append(f"- Best so far: {fmt_pct(so_far.score) + f' ({_candidate_label(so_far)})' if so_far else DASH}")
 
     lines += ["", "## Replies", ""]
     if record.replies:
@@ -277,25 +206,25 @@ def render_step_report(state: RunState, step: int) -> str:
             rows.append(
                 [
                     str(number),
-                    _cell(reply.text),
+                    cell(reply.text),
                     reply.fate,
                     DASH if reply.candidate_id is None else str(reply.candidate_id),
-                    DASH if candidate is None else _cell(_status_text(candidate)),
+                    DASH if candidate is None else cell(_status_text(candidate)),
                 ]
             )
         header = ["#", "Reply", "Fate", "Candidate", "Training score"]
-        lines.append(_table(header, rows, ["---:", "---", "---", "---:", "---"]))
+        lines.append(table(header, rows, ["---:", "---", "---", "---:", "---"]))
     else:
         lines.append("No replies.")
 
     if candidates:
         lines += ["", "## Candidates", ""]
-        rows = [[str(c.id), _cell(_status_text(c)), _cell(c.instruction)] for c in candidates]
-        lines.append(_table(["Candidate", "Training score", "Instruction"], rows, ["---:", "---", "---"]))
+        rows = [[str(c.id), cell(_status_text(c)), cell(c.instruction)] for c in candidates]
+        lines.append(table(["Candidate", "Training score", "Instruction"], rows, ["---:", "---", "---"]))
 
     if record.errors:
         lines += ["", "## Errors", ""]
-        lines += [f"- {_inline(error)}" for error in record.errors]
+        lines += [f"- {inline(error)}" for error in record.errors]
 
     lines += _program_errors_section(candidates)
 
@@ -313,12 +242,12 @@ def _program_errors_section(candidates: list[Candidate], limit: int = MAX_ERROR_
         for record in candidate.errors:
             where = f"{'training' if record.split == 'train' else 'validation'} {record.example}"
             rows.append([str(candidate.id), str(candidate.error_count), str(record.count), where,
-                         _cell(record.error)])
+                         cell(record.error)])
     shown = rows[:limit]
     lines = ["", "## Program errors", "",
              "Evaluations whose program raised (scored `failure_score`); the first example of each distinct error.", ""]
     header = ["Candidate", "Evaluations that raised", "This error", "First example", "Error"]
-    lines.append(_table(header, shown, ["---:", "---:", "---:", "---", "---"]))
+    lines.append(table(header, shown, ["---:", "---:", "---:", "---", "---"]))
     if len(rows) > limit:
         lines += ["", f"{len(rows) - limit} more rows are in `state.json` (each candidate's `errors`)."]
     return lines
@@ -326,10 +255,10 @@ def _program_errors_section(candidates: list[Candidate], limit: int = MAX_ERROR_
 
 def _instruction_blocks(candidate: Candidate) -> list[str]:
     if candidate.predictor is not None:
-        return [_fenced(candidate.instruction)]
+        return [fenced(candidate.instruction)]
     blocks = []
     for predictor, instruction in candidate.instructions.items():
-        blocks += [f"{_code(predictor)}:", "", _fenced(instruction) if instruction else "(empty)", ""]
+        blocks += [f"{code(predictor)}:", "", fenced(instruction) if instruction else "(empty)", ""]
     return blocks[:-1] if blocks else ["(no instructions)"]
 
 
@@ -347,10 +276,10 @@ def render_run_report(state: RunState) -> str:
     lines = ["# OPRO run report", ""]
     lines.append(f"- Status: {state.status}")
     if state.stop_reason:
-        lines.append(f"- Stop reason: {_inline(state.stop_reason)}")
+        lines.append(f"- Stop reason: {inline(state.stop_reason)}")
     if state.status in ("failed", "interrupted"):
         lines.append("- Resume: compile again with the same `log_dir`; nothing already scored runs again.")
-    lines.append(f"- Predictors: {', '.join(_code(p) for p in state.predictors) or 'none'}")
+    lines.append(f"- Predictors: {', '.join(code(p) for p in state.predictors) or 'none'}")
     lines.append(f"- Training examples: {state.train_size}; validation examples: {state.val_size}")
     steps_done = sum(1 for s in state.steps if s.complete)
     lines.append(f"- Steps: {len(state.steps)} ({steps_done} complete)")
@@ -358,12 +287,12 @@ def render_run_report(state: RunState) -> str:
                             if counts[s])
     lines.append(f"- Candidates: {len(state.candidates)}" + (f" ({status_text})" if status_text else ""))
     lines.append(f"- Metric calls: {state.metric_calls:,}")
-    lines.append(f"- Best training score: {_fmt_pct(best.score) + f' ({_candidate_label(best)})' if best else DASH}")
+    lines.append(f"- Best training score: {fmt_pct(best.score) + f' ({_candidate_label(best)})' if best else DASH}")
 
     lines += ["", "## Settings", ""]
     if state.config:
-        rows = [[_cell(key, None), _cell(_setting(value))] for key, value in state.config.items()]
-        lines.append(_table(["Setting", "Value"], rows))
+        rows = [[cell(key, None), cell(_setting(value))] for key, value in state.config.items()]
+        lines.append(table(["Setting", "Value"], rows))
     else:
         lines.append("No settings recorded.")
 
@@ -376,20 +305,20 @@ def render_run_report(state: RunState) -> str:
             str(row["step"]),
             _predictor_label(row["predictor"]),
             str(row["scored"]),
-            _fmt_row_pct(row["best_this_step"]),
-            _fmt_row_pct(row["best_so_far"]),
+            fmt_row_pct(row["best_this_step"]),
+            fmt_row_pct(row["best_so_far"]),
         ]
         for row in trajectory_rows(state)
     ]
     header = ["Step", "Predictor", "Candidates scored", "Best this step", "Best so far"]
-    lines.append(_table(header, rows, ["---:", "---", "---:", "---:", "---:"]) if rows else "Nothing scored yet.")
+    lines.append(table(header, rows, ["---:", "---", "---:", "---:", "---:"]) if rows else "Nothing scored yet.")
 
     lines += ["", "## Best instructions", ""]
     top = _top_candidates(state)
     if not top:
         lines.append("No candidate has been scored yet.")
     for rank, candidate in enumerate(top, 1):
-        lines += [f"### {rank}. {_fmt_pct(candidate.score)} ({_where(candidate)}, candidate {candidate.id})", ""]
+        lines += [f"### {rank}. {fmt_pct(candidate.score)} ({_where(candidate)}, candidate {candidate.id})", ""]
         lines += [*_instruction_blocks(candidate), ""]
     if top:
         lines.pop()
@@ -402,11 +331,11 @@ def render_run_report(state: RunState) -> str:
     else:
         lines.append(f"- Candidate: {selection.candidate_id}" + (f" ({_where(chosen)})" if chosen else ""))
         lines.append(f"- Selected by: {selection.selected_by}")
-        lines.append(f"- Why: {_inline(selection.reason)}")
+        lines.append(f"- Why: {inline(selection.reason)}")
         if chosen is not None:
             lines.append(f"- Training score: {_status_text(chosen)}")
             if chosen.val_score is not None:
-                lines.append(f"- Validation score: {_fmt_pct(chosen.val_score)}")
+                lines.append(f"- Validation score: {fmt_pct(chosen.val_score)}")
 
     validated = [c for c in state.candidates if c.val_score is not None]
     start = next((c for c in state.candidates if _is_start(c)), None)
@@ -415,8 +344,8 @@ def render_run_report(state: RunState) -> str:
         rows = []
         if state.start_val_score is not None and not (start is not None and start.val_score is not None):
             start_id = DASH if start is None else str(start.id)
-            train = DASH if start is None else _cell(_status_text(start))
-            rows.append([start_id, "-1", "(start)", train, _fmt_pct(state.start_val_score), ""])
+            train = DASH if start is None else cell(_status_text(start))
+            rows.append([start_id, "-1", "(start)", train, fmt_pct(state.start_val_score), ""])
         for c in validated:
             selected = "yes" if selection is not None and selection.candidate_id == c.id else ""
             rows.append(
@@ -424,20 +353,20 @@ def render_run_report(state: RunState) -> str:
                     str(c.id),
                     str(c.step),
                     _predictor_label(c.predictor),
-                    _cell(_status_text(c)),
-                    _fmt_pct(c.val_score),
+                    cell(_status_text(c)),
+                    fmt_pct(c.val_score),
                     selected,
                 ]
             )
         header = ["Candidate", "Step", "Predictor", "Training", "Validation", "Selected"]
-        lines.append(_table(header, rows, ["---:", "---:", "---", "---", "---:", "---"]))
+        lines.append(table(header, rows, ["---:", "---:", "---", "---", "---:", "---"]))
 
     lines += _program_errors_section(state.candidates)
 
     lines += ["", "## Usage and cost", "", format_usage(state.usage)]
 
     if state.stop_reason:
-        lines += ["", "## Stop reason", "", _inline(state.stop_reason)]
+        lines += ["", "## Stop reason", "", inline(state.stop_reason)]
     lines.append("")
     return "\n".join(lines)
 
