@@ -30,6 +30,7 @@ from typing import Any, TextIO
 import tqdm
 
 from dspy_opro.compat import dspy_logging_stream, lm_engine
+from dspy_opro.state import START_ID, Candidate
 
 logger = logging.getLogger(__name__)
 
@@ -170,4 +171,25 @@ def import_litellm_announced(models: Iterable[tuple[str, Any]]) -> bool:
     return True
 
 
-__all__ = ["ROUTED_LOGGERS", "Progress", "best_postfix", "import_litellm_announced", "shows_bars"]
+def phase_name(candidates: list[Candidate], split: str, *, label_free: bool) -> str:
+    """The progress bar's name of a scoring phase: the start, a step, validation or the label-free gate."""
+    count = f"{len(candidates)} candidate{'s' if len(candidates) != 1 else ''}"
+    if split == "val" and label_free and len(candidates) == 1:
+        return "label-free gate: " + ("start" if candidates[0].id == START_ID else f"candidate {candidates[0].id}")
+    if split == "val":
+        return f"validation: {count}"
+    steps = {c.step for c in candidates}
+    if steps == {-1}:
+        return "start"
+    return f"step {steps.pop()}: {count}" if len(steps) == 1 else f"unscored again: {count}"
+
+
+def evaluations_due(candidates: list[Candidate], split: str, *, n_examples: int, remaining_budget: int | None) -> int:
+    """The evaluations a scoring phase runs: every missing score, within what the evaluation budget has left."""
+    due = sum(n_examples if scores is None else scores.count(None)
+              for scores in (c.scores if split == "train" else c.val_scores for c in candidates))
+    return due if remaining_budget is None else min(due, max(remaining_budget, 0))
+
+
+__all__ = ["ROUTED_LOGGERS", "Progress", "best_postfix", "evaluations_due", "import_litellm_announced", "phase_name",
+           "shows_bars"]

@@ -35,7 +35,7 @@ from dspy_opro.initial import initial_by_predictor, initial_candidates
 from dspy_opro.meta_prompt import gen_meta_prompt, instruction_md5
 from dspy_opro.placement import AFTER_INPUTS
 from dspy_opro.programs import predictor_map, read_instructions, with_instructions
-from dspy_opro.progress import Progress, import_litellm_announced
+from dspy_opro.progress import Progress, evaluations_due, import_litellm_announced, phase_name
 from dspy_opro.proposer import honours_n, propose
 from dspy_opro.resume import RunRecorder
 from dspy_opro.scoring import LM_FAILURES, Budget, CandidateScorer, Evaluator
@@ -190,7 +190,11 @@ class OPRORun:
 
     def _score(self, candidates: list[Candidate], split: str, *, race_against: int | None = None) -> None:
         self._show_best()
-        self.progress.start_phase(self._phase_name(candidates, split), self._evaluations_due(candidates, split))
+        budget = self.budget
+        remaining = None if budget.max_metric_calls is None else budget.max_metric_calls - budget.metric_calls
+        self.progress.start_phase(phase_name(candidates, split, label_free=self.config.label_free),
+                                  evaluations_due(candidates, split, n_examples=len(self.data.examples(split)),
+                                                  remaining_budget=remaining))
         best = self.state.candidates[race_against] if race_against is not None else None
         try:
             stop_reason = self.scorer.score(candidates, split, race_against=best)
@@ -199,27 +203,6 @@ class OPRORun:
         if stop_reason is not None:
             self._stop(stop_reason)
             self._save()
-
-    def _phase_name(self, candidates: list[Candidate], split: str) -> str:
-        """The progress bar's name of a scoring phase."""
-        count = f"{len(candidates)} candidate{'s' if len(candidates) != 1 else ''}"
-        if split == "val" and self.config.label_free and len(candidates) == 1:
-            return "label-free gate: " + ("start" if candidates[0].id == START_ID else f"candidate {candidates[0].id}")
-        if split == "val":
-            return f"validation: {count}"
-        steps = {c.step for c in candidates}
-        if steps == {-1}:
-            return "start"
-        return f"step {steps.pop()}: {count}" if len(steps) == 1 else f"unscored again: {count}"
-
-    def _evaluations_due(self, candidates: list[Candidate], split: str) -> int:
-        """The evaluations a scoring phase runs: every missing score, within the evaluation budget."""
-        n_examples = len(self.data.examples(split))
-        due = sum(n_examples if scores is None else scores.count(None)
-                  for scores in (c.scores if split == "train" else c.val_scores for c in candidates))
-        if self.budget.max_metric_calls is not None:
-            due = min(due, max(self.budget.max_metric_calls - self.budget.metric_calls, 0))
-        return due
 
     def _show_best(self) -> None:
         best = self.state.best()
