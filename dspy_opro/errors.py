@@ -37,6 +37,7 @@ from dspy_opro.compat import (
     LMUnsupportedFeatureError,
     LMUnsupportedModelError,
     is_retryable_lm_error,
+    lm_engine,
 )
 
 logger = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ def check_model_ready(lm: Any, role: str) -> None:
         lm: The model to check.
         role: ``"optimizer"``, ``"task"`` or ``"judge"``: named in the error.
     """
-    if getattr(lm, "_engine_spec", None) != "litellm":
+    if lm_engine(lm) != "litellm":
         return
     model = getattr(lm, "model", "")
     kwargs = getattr(lm, "kwargs", {}) or {}
