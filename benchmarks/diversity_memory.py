@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from dspy_opro.diversity import QuestionFeatures, greedy_dpp_map, quality_weights, similarity_matrix
+from dspy_opro.extensions.hard_diverse import QuestionFeatures, greedy_dpp_map, quality_weights, similarity_matrix
 
 RESULTS = Path(__file__).parent / "results" / "diversity_memory.md"
 

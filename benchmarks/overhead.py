@@ -33,7 +33,7 @@ The endpoint runs in a process of its own by default (``--server process``), so 
 client's GIL; ``--server thread`` runs it in the client process. It sets TCP_NODELAY and writes each response in one
 piece.
 
-The script also measures a synthetic run record (:class:`dspy_opro.state.RunState`) of 200 steps x 8 candidates x
+The script also measures a synthetic run record (:class:`dspy_opro.record.state.RunState`) of 200 steps x 8 candidates x
 1000 training examples: its size in memory (tracemalloc) and the time to save and reload it.
 
     python benchmarks/overhead.py            # writes benchmarks/results/overhead.md
@@ -71,8 +71,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import dspy  # noqa: E402
 
 from dspy_opro import OPROTeleprompter  # noqa: E402
-from dspy_opro.record import load_state, save_state  # noqa: E402
-from dspy_opro.state import Candidate, Fingerprint, Reply, RunState, Selection, Step  # noqa: E402
+from dspy_opro.record.files import load_state, save_state  # noqa: E402
+from dspy_opro.record.state import Candidate, Fingerprint, Reply, RunState, Selection, Step  # noqa: E402
 from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "overhead.md"
@@ -636,7 +636,7 @@ def summarize_profile(raw: str) -> list[tuple[str, float]]:
 def phase_times(bench: Bench, threads: int) -> tuple[Result, list[tuple[str, float, int]]]:
     """One more OPRO run with OPRO's own phases timed (wall seconds, calls), by wrapping them for the run."""
     import dspy_opro.run as run_module
-    import dspy_opro.scoring as scoring_module
+    import dspy_opro.scoring.scorer as scoring_module
 
     timings: dict[str, list[float]] = {}
     targets = [

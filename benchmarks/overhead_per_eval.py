@@ -23,7 +23,7 @@ them, since the machine is shared and CPU time is the steadier of the two.
 
 **Probes** (``--probes``; in-process, and two of them on LiteLLM): OPRO scoring only, with one piece of the
 per-evaluation path removed (or, for comparison, the per-evaluation DSPy callback of before put back) by a
-monkeypatch of :class:`dspy_opro.usage.UsageCapture` for that run. They show what each piece costs. A probe whose
+monkeypatch of :class:`dspy_opro.scoring.usage.UsageCapture` for that run. They show what each piece costs. A probe whose
 target no longer exists in the code is reported as not applicable.
 
 **Unit costs** (``--units``): single-thread micro-benchmarks of each piece in microseconds (no thread contention),
@@ -58,7 +58,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import dspy  # noqa: E402
 from dspy.utils.dummies import DummyLM  # noqa: E402
 
-import dspy_opro.usage as usage_module  # noqa: E402
+import dspy_opro.scoring.usage as usage_module  # noqa: E402
 from dspy_opro import OPROTeleprompter  # noqa: E402
 from dspy_opro.testing import simulated_dataset, simulated_metric  # noqa: E402
 
@@ -150,7 +150,7 @@ def _check_scored(state: Any, n: int) -> None:
 
 def _probe_patches() -> dict[str, dict[tuple[Any, str], Any]]:
     """Probe name -> {(owner, attribute): replacement}. Each changes one piece of OPRO's per-evaluation path
-    (:class:`dspy_opro.usage.UsageCapture`, which :func:`dspy_opro.evaluation.run_example` uses twice per
+    (:class:`dspy_opro.scoring.usage.UsageCapture`, which :func:`dspy_opro.scoring.evaluation.run_example` uses twice per
     evaluation: once for the program, once for the metric)."""
     capture_cls = getattr(usage_module, "UsageCapture", None)
     counter_cls = getattr(usage_module, "LMCallCounter", None)
@@ -293,11 +293,11 @@ def unit_costs(repeat: int) -> list[tuple[str, float, str]]:
     """(what, microseconds, per what) for the pieces of OPRO's per-evaluation path, one thread, no contention."""
     from dspy.dsp.utils.settings import thread_local_overrides
 
-    from dspy_opro.evaluation import ExampleJob, run_example
-    from dspy_opro.programs import with_instructions
-    from dspy_opro.record import ProgressJournal, save_state
+    from dspy_opro.scoring.evaluation import ExampleJob, run_example
+    from dspy_opro.task.programs import with_instructions
+    from dspy_opro.record.files import ProgressJournal, save_state
     from dspy_opro.run import OPRORun
-    from dspy_opro.state import RunState, UsageRecord
+    from dspy_opro.record.state import RunState, UsageRecord
 
     lm = instant_lm()
     example = simulated_dataset(1)[0]
@@ -401,7 +401,7 @@ def unit_costs(repeat: int) -> list[tuple[str, float, str]]:
 def litellm_unit_costs(repeat: int) -> list[tuple[str, float, str]]:
     """Client CPU microseconds per ``Predict`` + metric through LiteLLM (endpoint in its own process, no latency),
     and what ``run_example``, a DSPy callback or a usage tracker adds; one thread."""
-    from dspy_opro.evaluation import ExampleJob, run_example
+    from dspy_opro.scoring.evaluation import ExampleJob, run_example
 
     sys.path.insert(0, str(Path(__file__).parent))
     from overhead import Server
@@ -440,7 +440,7 @@ def litellm_unit_costs(repeat: int) -> list[tuple[str, float, str]]:
 
 
 def _state_with(state_cls: Any, *, n: int, candidates: int) -> Any:
-    from dspy_opro.state import Candidate, Fingerprint
+    from dspy_opro.record.state import Candidate, Fingerprint
 
     state = state_cls(fingerprint=Fingerprint(config="c", trainset="t", valset="v", program="p"), config={},
                       predictors=["predict"], train_size=n, val_size=0)
@@ -590,7 +590,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Timing] | None, dict[st
     base_runners: dict[str, Callable[..., None]] = {EVALUATE: run_evaluate, COMPILE: run_compile,
                                                      SCORING: run_scoring}
     probes = _probe_patches() if args.probes else {}
-    skipped = [] if probes or not args.probes else ["all (dspy_opro.usage has no UsageCapture)"]
+    skipped = [] if probes or not args.probes else ["all (dspy_opro.scoring.usage has no UsageCapture)"]
     in_process = litellm = None
     if args.in_process:
         print(f"in-process: DummyLM, {args.threads_in_process} threads, {args.n_in_process} examples",

@@ -10,7 +10,7 @@ seed and both modes see exactly the same candidates and scores:
 
 * **full**: every candidate is scored on all ``n`` examples; the winner is the best training mean.
 * **racing**: each candidate races the current best (the best fully scored candidate so far, ties to the older)
-  with :class:`dspy_opro.racing.Race` at ``--alpha``; a stopped candidate costs the examples it ran and can never
+  with :class:`dspy_opro.extensions.racing.Race` at ``--alpha``; a stopped candidate costs the examples it ran and can never
   become the best.
 
 Per seed the script reports metric calls of both modes, whether the winner is the same candidate, both winners'
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dspy_opro.racing import DEFAULT_ALPHA, Race, RacingSchedule, example_order
+from dspy_opro.extensions.racing import DEFAULT_ALPHA, Race, RacingSchedule, example_order
 
 RESULTS = Path(__file__).parent / "results" / "racing_simulation.md"
 

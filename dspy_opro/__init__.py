@@ -11,7 +11,7 @@ from dspy_opro.errors import (
     RunInProgressError,
     StateFileError,
 )
-from dspy_opro.state import RunState
+from dspy_opro.record.state import RunState
 from dspy_opro.teleprompter import OPRO, OPROTeleprompter
 
 __version__ = "0.1.0"

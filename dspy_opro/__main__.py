@@ -17,8 +17,8 @@ from pathlib import Path
 
 from dspy_opro import __version__
 from dspy_opro.errors import StateFileError
-from dspy_opro.record import STATE_FILE, load_state
-from dspy_opro.report import PLOT_INSTALL_HINT, TRAJECTORY_FILE, write_run_report
+from dspy_opro.record.files import STATE_FILE, load_state
+from dspy_opro.record.report import PLOT_INSTALL_HINT, TRAJECTORY_FILE, write_run_report
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

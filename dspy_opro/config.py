@@ -24,12 +24,12 @@ from typing import Any, Literal
 import dspy
 
 from dspy_opro.checks import require_bool, require_choice, require_int, require_number
-from dspy_opro.evaluation import metric_takes_trace
-from dspy_opro.initial import InitialInstructions, check_initial_instructions, initial_settings
-from dspy_opro.meta_prompt import validate_meta_prompt_options
-from dspy_opro.placement import check_instruction_pos
-from dspy_opro.programs import callable_fingerprint, dataset_fingerprint, program_fingerprint
-from dspy_opro.state import Fingerprint, digest
+from dspy_opro.scoring.evaluation import metric_takes_trace
+from dspy_opro.proposing.initial import InitialInstructions, check_initial_instructions, initial_settings
+from dspy_opro.proposing.meta_prompt import validate_meta_prompt_options
+from dspy_opro.task.placement import check_instruction_pos
+from dspy_opro.task.programs import callable_fingerprint, dataset_fingerprint, program_fingerprint
+from dspy_opro.record.state import Fingerprint, digest
 
 ExemplarSelection = Literal["random", "constant", "hard_diverse"]
 EXEMPLAR_SELECTIONS = ("random", "constant", "hard_diverse")
@@ -179,7 +179,7 @@ class OPROConfig:
         require_int("max_metric_calls", self.max_metric_calls, minimum=1, allow_none=True)
         require_number("max_cost", self.max_cost, low=0.0, high=math.inf, allow_none=True)
         require_bool("racing", self.racing)
-        from dspy_opro.racing import check_alpha  # racing needs numpy, which `import dspy_opro` must not load
+        from dspy_opro.extensions.racing import check_alpha  # racing needs numpy, which `import dspy_opro` must not load
 
         check_alpha(self.racing_alpha)
         require_int("num_threads", self.num_threads, minimum=1, allow_none=True)

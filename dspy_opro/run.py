@@ -3,7 +3,7 @@
 :class:`OPRORun` wires one ``compile`` together (the configuration, the checked data, the models, the run record and
 its recorder, the evaluator and the budget) and :meth:`OPRORun.execute` reads as the algorithm does:
 
-1. score the program as given, with any ``initial_instructions`` (:mod:`dspy_opro.initial`), on every training
+1. score the program as given, with any ``initial_instructions`` (:mod:`dspy_opro.proposing.initial`), on every training
    example (step -1); a program that cannot run, or a start that cannot be scored, stops the run before any
    optimizer call;
 2. for every step: pick the predictor (round-robin), draw the exemplars, build the meta-prompt from the predictor's
@@ -11,9 +11,9 @@ its recorder, the evaluator and the budget) and :meth:`OPRORun.execute` reads as
    filter), score the new instructions, record the step;
 3. select what to return (:mod:`dspy_opro.selection`) and return a copy of the program with it.
 
-Everything else has its own module: the meta-prompt inputs (:mod:`dspy_opro.step_inputs`), the optimizer calls
-(:mod:`dspy_opro.proposer`), triage (:mod:`dspy_opro.triage`), scoring (:mod:`dspy_opro.scoring`), the record on
-disk and resuming (:mod:`dspy_opro.resume`), label-free anchors (:mod:`dspy_opro.labelfree`).
+Everything else has its own module: the meta-prompt inputs (:mod:`dspy_opro.proposing.step_inputs`), the optimizer calls
+(:mod:`dspy_opro.proposing.optimizer_calls`), triage (:mod:`dspy_opro.proposing.triage`), scoring (:mod:`dspy_opro.scoring.scorer`), the record on
+disk and resuming (:mod:`dspy_opro.record.recorder`), label-free anchors (:mod:`dspy_opro.extensions.label_free`).
 """
 
 from __future__ import annotations
@@ -28,21 +28,21 @@ import dspy
 from dspy_opro import selection
 from dspy_opro.compat import mark_compiled, user_stacklevel
 from dspy_opro.config import OPROConfig
-from dspy_opro.data import RunData
+from dspy_opro.task.data import RunData
 from dspy_opro.errors import OPRORunError, ProgramError, check_model_ready
-from dspy_opro.evaluation import ExampleResult, metric_takes_trace
-from dspy_opro.initial import initial_by_predictor, initial_candidates
-from dspy_opro.meta_prompt import gen_meta_prompt, instruction_md5
-from dspy_opro.placement import AFTER_INPUTS
-from dspy_opro.programs import predictor_map, read_instructions, with_instructions
-from dspy_opro.progress import Progress, evaluations_due, import_litellm_announced, phase_name
-from dspy_opro.proposer import honours_n, propose
-from dspy_opro.resume import RunRecorder
-from dspy_opro.scoring import LM_FAILURES, Budget, CandidateScorer, Evaluator
-from dspy_opro.state import START_ID, Candidate, ModelUsage, Reply, RunState, Step, digest, ranked_candidates
-from dspy_opro.step_inputs import ExemplarPicker, predictor_history
-from dspy_opro.triage import triage_replies
-from dspy_opro.usage import roll_up, token_prices
+from dspy_opro.scoring.evaluation import ExampleResult, metric_takes_trace
+from dspy_opro.proposing.initial import initial_by_predictor, initial_candidates
+from dspy_opro.proposing.meta_prompt import gen_meta_prompt, instruction_md5
+from dspy_opro.task.placement import AFTER_INPUTS
+from dspy_opro.task.programs import predictor_map, read_instructions, with_instructions
+from dspy_opro.record.progress import Progress, evaluations_due, import_litellm_announced, phase_name
+from dspy_opro.proposing.optimizer_calls import honours_n, propose
+from dspy_opro.record.recorder import RunRecorder
+from dspy_opro.scoring.scorer import LM_FAILURES, Budget, CandidateScorer, Evaluator
+from dspy_opro.record.state import START_ID, Candidate, ModelUsage, Reply, RunState, Step, digest, ranked_candidates
+from dspy_opro.proposing.step_inputs import ExemplarPicker, predictor_history
+from dspy_opro.proposing.triage import triage_replies
+from dspy_opro.scoring.usage import roll_up, token_prices
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class OPRORun:
         try:
             self.anchors = None
             if config.label_free:
-                from dspy_opro.labelfree import AnchorPreferenceMetric, Anchors
+                from dspy_opro.extensions.label_free import AnchorPreferenceMetric, Anchors
 
                 metric: Any = AnchorPreferenceMetric(judge_lm=self.models.judge, both_orders=config.both_orders)
                 self.anchors = Anchors(state, self.data, metric)

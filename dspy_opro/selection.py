@@ -10,7 +10,7 @@ they only decide.
 
 from __future__ import annotations
 
-from dspy_opro.state import START_ID, Candidate, RunState, Selection, ranked_candidates
+from dspy_opro.record.state import START_ID, Candidate, RunState, Selection, ranked_candidates
 
 
 def on_training(best: Candidate) -> Selection:

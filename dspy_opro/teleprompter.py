@@ -11,7 +11,7 @@ validation set is returned as part of the program.
 
 In a program with several predictors, each step optimizes one of them, round-robin, keeping the others at the best
 instructions found so far. The meta-prompt text, reply parsing, polishing and de-duplication are the authors' own,
-ported byte for byte in :mod:`dspy_opro.meta_prompt` and checked against their outputs.
+ported byte for byte in :mod:`dspy_opro.proposing.meta_prompt` and checked against their outputs.
 
 Example:
     ```python

@@ -27,7 +27,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import dspy  # noqa: E402
 
 from dspy_opro import OPROTeleprompter  # noqa: E402
-from dspy_opro.record import load_state  # noqa: E402
+from dspy_opro.record.files import load_state  # noqa: E402
 from dspy_opro.testing import simulated_metric  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "word_problems.jsonl"

@@ -29,8 +29,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import dspy  # noqa: E402
 
 from dspy_opro import OPROTeleprompter  # noqa: E402
-from dspy_opro.record import PROGRESS_FILE, STATE_FILE  # noqa: E402
-from dspy_opro.report import (  # noqa: E402
+from dspy_opro.record.files import PROGRESS_FILE, STATE_FILE  # noqa: E402
+from dspy_opro.record.report import (  # noqa: E402
     REPORT_FILE,
     TRAJECTORY_FILE,
     format_usage,

@@ -21,7 +21,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import dspy  # noqa: E402
 
 from dspy_opro import OPROTeleprompter  # noqa: E402
-from dspy_opro.report import format_usage  # noqa: E402
+from dspy_opro.record.report import format_usage  # noqa: E402
 from dspy_opro.testing import arithmetic_tool, simulated_dataset  # noqa: E402
 
 

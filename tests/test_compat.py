@@ -8,7 +8,7 @@ import pytest
 
 from dspy_opro import compat
 from dspy_opro.errors import classify_exception
-from dspy_opro.usage import UsageCapture
+from dspy_opro.scoring.usage import UsageCapture
 
 
 def test_current_context_carries_settings_and_call_id_into_a_worker_thread():
@@ -53,7 +53,7 @@ def test_mark_compiled_sets_dspys_flag():
 
 
 def test_usage_tracker_and_callbacks_are_dspys_own_types():
-    from dspy_opro.usage import LMCallCounter
+    from dspy_opro.scoring.usage import LMCallCounter
 
     capture = UsageCapture()
     with capture.active():

@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 
-from dspy_opro.diversity import (
+from dspy_opro.extensions.hard_diverse import (
     HASHED_BUCKETS,
     DPPSelection,
     QuestionFeatures,
@@ -97,14 +97,14 @@ def test_rank_collapse_stops_early_and_logs(caplog):
     # Three pairwise-orthogonal texts (disjoint words), each duplicated: rank 3, so at most 3 picks.
     texts = ["alpha beta", "gamma delta", "epsilon zeta"] * 2
     difficulties = [0.9, 0.6, 0.3, 0.8, 0.5, 0.2]
-    with caplog.at_level(logging.INFO, logger="dspy_opro.diversity"):
+    with caplog.at_level(logging.INFO, logger="dspy_opro.extensions.hard_diverse"):
         sel = select_hard_diverse(texts, difficulties, 5, theta=0.5)
     assert sel.stopped_early
     assert len(sel.indices) == 3
     assert sorted(i % 3 for i in sel.indices) == [0, 1, 2]
     assert sel.indices == [0, 1, 2]  # the harder copy of each text wins
     assert any(
-        rec.levelno == logging.INFO and rec.name == "dspy_opro.diversity" and "rank collapse" in rec.getMessage()
+        rec.levelno == logging.INFO and rec.name == "dspy_opro.extensions.hard_diverse" and "rank collapse" in rec.getMessage()
         for rec in caplog.records
     )
 
@@ -337,7 +337,7 @@ def test_high_theta_tiny_weights_are_not_rank_collapse(theta, caplog):
     difficulties = [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     r = quality_weights(difficulties, 6, theta=theta)
     assert r[2] ** 2 < 1e-10
-    with caplog.at_level(logging.INFO, logger="dspy_opro.diversity"):
+    with caplog.at_level(logging.INFO, logger="dspy_opro.extensions.hard_diverse"):
         sel = select_hard_diverse(texts, difficulties, 5, theta=theta)
     assert not sel.stopped_early
     assert len(sel.indices) == 5
@@ -355,7 +355,7 @@ def test_high_theta_tiny_weights_are_not_rank_collapse(theta, caplog):
 def test_high_theta_duplicates_of_easy_examples_still_collapse(caplog):
     texts = ["alpha beta", "gamma delta", "epsilon zeta", "epsilon zeta", "eta theta", "eta theta"]
     difficulties = [1.0, 0.9, 0.0, 0.1, 0.0, 0.0]
-    with caplog.at_level(logging.INFO, logger="dspy_opro.diversity"):
+    with caplog.at_level(logging.INFO, logger="dspy_opro.extensions.hard_diverse"):
         sel = select_hard_diverse(texts, difficulties, 6, theta=0.99)
     assert sel.stopped_early
     assert sel.indices == [0, 1, 3, 4]  # the harder copy of "epsilon zeta", the lower index of "eta theta"

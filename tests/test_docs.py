@@ -119,7 +119,7 @@ def built_site(tmp_path_factory) -> Path:
 def test_mkdocs_build_strict(built_site):
     assert (built_site / "index.html").is_file()
     api = (built_site / "api" / "index.html").read_text(encoding="utf-8")
-    for anchor in ("dspy_opro.OPROTeleprompter", "dspy_opro.OPROTeleprompter.compile", "dspy_opro.state.RunState"):
+    for anchor in ("dspy_opro.OPROTeleprompter", "dspy_opro.OPROTeleprompter.compile", "dspy_opro.record.state.RunState"):
         assert f'id="{anchor}"' in api
     assert "num_candidates" in api  # the constructor's documented parameters are rendered
     # compile's return is documented once, with every candidate_programs key.
@@ -137,13 +137,13 @@ RECORD_MODELS = ("RunState", "Candidate", "ErrorRecord", "Step", "Reply", "Selec
 @pytest.mark.parametrize("model", RECORD_MODELS)
 def test_every_record_field_is_described_on_the_api_page(built_site, model):
     """Each field of the persisted record has its own entry on the API page, with a description under it."""
-    from dspy_opro import state
+    from dspy_opro.record import state
 
     api = (built_site / "api" / "index.html").read_text(encoding="utf-8")
     fields = list(getattr(state, model).model_fields)
     assert fields
     for field in fields:
-        anchor = f'id="dspy_opro.state.{model}.{field}"'
+        anchor = f'id="dspy_opro.record.state.{model}.{field}"'
         assert anchor in api, f"{model}.{field} is not on the API page"
         entry = api[api.index(anchor):]
         entry = entry[:entry.index("</div>\n\n</div>")]

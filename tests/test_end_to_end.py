@@ -26,7 +26,7 @@ import pytest
 
 from dspy_opro import OPROTeleprompter
 from dspy_opro.errors import FatalLMError, OPRORunError
-from dspy_opro.record import STATE_FILE, load_state
+from dspy_opro.record.files import STATE_FILE, load_state
 from dspy_opro.testing import FaultConfig, SimulatedEndpoint, simulated_dataset, simulated_metric
 
 pytestmark = pytest.mark.slow

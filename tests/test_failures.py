@@ -23,11 +23,11 @@ import pytest
 
 from dspy_opro import FatalLMError, LogDirError, MetricError, OPRORunError, OPROTeleprompter, ProgramError
 from dspy_opro.errors import check_model_ready, classify_exception, clean_text
-from dspy_opro.exemplars import draw_exemplar_indices
-from dspy_opro.meta_prompt import instruction_md5
-from dspy_opro.record import STATE_FILE, load_state
-from dspy_opro.report import REPORT_FILE
-from dspy_opro.state import ErrorRecord
+from dspy_opro.proposing.exemplars import draw_exemplar_indices
+from dspy_opro.proposing.meta_prompt import instruction_md5
+from dspy_opro.record.files import STATE_FILE, load_state
+from dspy_opro.record.report import REPORT_FILE
+from dspy_opro.record.state import ErrorRecord
 from dspy_opro.testing import FaultConfig, SimulatedEndpoint, simulated_dataset, simulated_metric
 
 pytestmark = pytest.mark.slow
@@ -210,7 +210,7 @@ def test_empty_choices_from_the_optimizer_are_a_failed_call_retried_and_logged(e
     empty = "EmptyResponseError: the optimizer model answered with no choices"
     assert (first.failed_calls, first.errors, first.replies) == (1, [empty], [])
     assert (second.failed_calls, second.errors, len(second.replies)) == (0, [], 3)
-    warned = [r.getMessage() for r in caplog.records if r.name == "dspy_opro.proposer"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "dspy_opro.proposing.optimizer_calls"]
     assert len(warned) == 3 and all(empty in w for w in warned)
     assert [(r.n, r.status) for r in kinds(endpoint, "opro")] == [(3, 200)] * 4
 
@@ -384,14 +384,14 @@ def test_an_unwritable_log_dir_is_refused_before_any_call(endpoint, tmp_path, mo
     def refuse(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr("dspy_opro.record.tempfile.mkstemp", refuse)
+    monkeypatch.setattr("dspy_opro.record.files.tempfile.mkstemp", refuse)
     with pytest.raises(LogDirError, match="cannot hold the run record: Permission denied") as excinfo:
         compile_run(endpoint, trainset=simulated_dataset(3), num_steps=1, log_dir=tmp_path / "run")
     assert str(tmp_path / "run") in str(excinfo.value) and endpoint.requests == []
 
 
 def test_a_full_disk_mid_run_keeps_what_was_saved(endpoint, tmp_path, monkeypatch):
-    import dspy_opro.resume as run_module  # the module that writes state.json
+    import dspy_opro.record.recorder as run_module  # the module that writes state.json
 
     real_save, saves = run_module.save_state, [0]
 

@@ -2,8 +2,8 @@
 
 The authors' end-to-end run (tests/golden/evolution_trace.json: 4 steps x 4 replies, a scripted optimizer and a
 scripted scorer) is replayed through ``OPROTeleprompter`` with fake models that return the same replies and the
-same scores; the triage is checked through :func:`dspy_opro.triage.triage_replies` (which the run calls), the
-exemplar draws through the run's own draw, the optimizer call through :func:`dspy_opro.proposer.propose`, and
+same scores; the triage is checked through :func:`dspy_opro.proposing.triage.triage_replies` (which the run calls), the
+exemplar draws through the run's own draw, the optimizer call through :func:`dspy_opro.proposing.optimizer_calls.propose`, and
 ``instruction_pos`` through what the task model receives at the simulated endpoint.
 """
 
@@ -19,11 +19,11 @@ import dspy
 import pytest
 
 from dspy_opro import OPROTeleprompter
-from dspy_opro.exemplars import draw_exemplar_indices
-from dspy_opro.meta_prompt import instruction_md5
-from dspy_opro.proposer import propose
+from dspy_opro.proposing.exemplars import draw_exemplar_indices
+from dspy_opro.proposing.meta_prompt import instruction_md5
+from dspy_opro.proposing.optimizer_calls import propose
 from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
-from dspy_opro.triage import triage_replies
+from dspy_opro.proposing.triage import triage_replies
 from tests.fakes import chat_reply, field_value, instruction_of, make_lm, scripted_optimizer, user_text
 
 TRACE: dict[str, Any] = json.loads((Path(__file__).parent / "golden" / "evolution_trace.json").read_text())
@@ -318,7 +318,7 @@ def test_a_begin_is_refused_before_any_model_call() -> None:
 
 
 def test_q_end_demos_carry_the_text_and_the_field_name_avoids_a_clash() -> None:
-    from dspy_opro.programs import with_instructions
+    from dspy_opro.task.programs import with_instructions
 
     program = dspy.Predict("question, instruction -> answer")
     program.demos = [dspy.Example(question="q", instruction="i", answer="a")]
@@ -382,7 +382,7 @@ def test_every_row_of_the_fidelity_page_names_a_test_that_exists(section: str) -
 
 def test_q_end_text_survives_a_whole_program_save_but_not_a_json_state_file(tmp_path: Path) -> None:
     """What the fidelity page says about saving a Q_end program."""
-    from dspy_opro.programs import with_instructions
+    from dspy_opro.task.programs import with_instructions
 
     placed = with_instructions(dspy.Predict("question -> answer"), {"self": "Check twice."}, instruction_pos="Q_end")
     placed.save(str(tmp_path / "program"), save_program=True)

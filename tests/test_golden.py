@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dspy_opro.exemplars import draw_exemplar_indices
-from dspy_opro.meta_prompt import extract_instruction, gen_meta_prompt, instruction_md5, polish_sentence
+from dspy_opro.proposing.exemplars import draw_exemplar_indices
+from dspy_opro.proposing.meta_prompt import extract_instruction, gen_meta_prompt, instruction_md5, polish_sentence
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -26,7 +26,7 @@ def test_import_adds_no_heavy_package():
     added = json.loads(out.stdout.strip().splitlines()[-1])
     assert {name.split(".")[0] for name in added} == {"dspy_opro"}  # no numpy, litellm, matplotlib, tqdm, ...
     # The run, the DPP, racing and the test server load when a compile (or a test) needs them.
-    assert not {"dspy_opro.run", "dspy_opro.diversity", "dspy_opro.racing", "dspy_opro.testing"} & set(added)
+    assert not {"dspy_opro.run", "dspy_opro.extensions.hard_diverse", "dspy_opro.extensions.racing", "dspy_opro.testing"} & set(added)
 
 
 _COMPILE_PROBE = """

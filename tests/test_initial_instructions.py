@@ -25,9 +25,9 @@ import pytest
 
 from dspy_opro import OPROTeleprompter
 from dspy_opro.errors import StateFileError
-from dspy_opro.exemplars import draw_exemplar_indices
-from dspy_opro.meta_prompt import gen_meta_prompt
-from dspy_opro.step_inputs import predictor_history
+from dspy_opro.proposing.exemplars import draw_exemplar_indices
+from dspy_opro.proposing.meta_prompt import gen_meta_prompt
+from dspy_opro.proposing.step_inputs import predictor_history
 from dspy_opro.testing import FaultConfig, SimulatedEndpoint, answers_correctly, simulated_dataset, simulated_metric
 from tests.fakes import (
     chat_reply,
@@ -391,8 +391,8 @@ def test_a_resumed_run_keeps_its_initial_instructions_and_refuses_other_ones(end
 
 def test_report_and_plot_show_initial_instructions_at_step_minus_one(endpoint, tmp_path) -> None:
     pytest.importorskip("matplotlib")
-    from dspy_opro.plot import build_trajectory_figure
-    from dspy_opro.report import render_run_report, trajectory_rows
+    from dspy_opro.record.plot import build_trajectory_figure
+    from dspy_opro.record.report import render_run_report, trajectory_rows
 
     train = simulated_dataset(20)
     run = _compile(endpoint, train, initial_instructions=[CAREFUL, STRONG], num_steps=0, log_dir=tmp_path).opro_run

@@ -1,4 +1,4 @@
-"""Unit tests of dspy_opro.meta_prompt beyond the golden vectors: validation and focused behaviours."""
+"""Unit tests of dspy_opro.proposing.meta_prompt beyond the golden vectors: validation and focused behaviours."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dspy_opro.meta_prompt import (
+from dspy_opro.proposing.meta_prompt import (
     GPT_EXEMPLARS_INTRO,
     GPT_INS_CLOSING,
     GPT_INS_HEADER,

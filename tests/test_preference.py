@@ -1,4 +1,4 @@
-"""Tests for dspy_opro.preference: label-free scoring by pairwise self-preference (fake LMs only)."""
+"""Tests for dspy_opro.extensions.judge: label-free scoring by pairwise self-preference (fake LMs only)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from dspy.lm15 import Message, Response, TextPart, Usage
 from dspy.utils.exceptions import LMError
 
-from dspy_opro.preference import (
+from dspy_opro.extensions.judge import (
     Judgment,
     PairwiseJudge,
     clamp_preference,
@@ -151,13 +151,13 @@ def test_out_of_range_preference_is_clamped():
 
 def test_unparseable_judgment_counts_zero_and_warns(caplog):
     lm, engine = fake_lm(lambda request: "I cannot decide which one is better.")
-    with caplog.at_level(logging.WARNING, logger="dspy_opro.preference"):
+    with caplog.at_level(logging.WARNING, logger="dspy_opro.extensions.judge"):
         judgment = PairwiseJudge(lm).compare("question: q", ANCHOR_MARK, CANDIDATE_MARK)
     assert judgment.preference == 0.0
     assert judgment.parsed is False
     # The ChatAdapter retries an unparseable reply once through its JSONAdapter: both calls are counted.
     assert judgment.calls == len(engine.requests) == 2
-    warnings = [r for r in caplog.records if r.name == "dspy_opro.preference" and r.levelno == logging.WARNING]
+    warnings = [r for r in caplog.records if r.name == "dspy_opro.extensions.judge" and r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "Unparseable" in warnings[0].getMessage()
 
@@ -168,12 +168,12 @@ def test_one_unparseable_order_counts_zero_for_that_order_only(caplog):
         return judge_reply(4) if CANDIDATE_MARK in b else "no idea"
 
     lm, engine = fake_lm(reply)
-    with caplog.at_level(logging.WARNING, logger="dspy_opro.preference"):
+    with caplog.at_level(logging.WARNING, logger="dspy_opro.extensions.judge"):
         judgment = PairwiseJudge(lm, both_orders=True).compare("question: q", ANCHOR_MARK, CANDIDATE_MARK)
     assert judgment.preference == 2.0  # (4 - 0) / 2
     assert judgment.parsed is False
     assert judgment.calls == len(engine.requests) == 3  # 1 + (1 + JSON fallback)
-    assert any(r.levelno == logging.WARNING and r.name == "dspy_opro.preference" for r in caplog.records)
+    assert any(r.levelno == logging.WARNING and r.name == "dspy_opro.extensions.judge" for r in caplog.records)
 
 
 def test_lm_errors_propagate():

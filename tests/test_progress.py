@@ -22,7 +22,7 @@ import pytest
 from dspy_opro import OPROTeleprompter
 from dspy_opro.compat import dspy_logging_stream
 from dspy_opro.config import Models, OPROConfig
-from dspy_opro.progress import Progress, best_postfix, import_litellm_announced, shows_bars
+from dspy_opro.record.progress import Progress, best_postfix, import_litellm_announced, shows_bars
 from tests.fakes import make_lm, scripted_optimizer, toy_dataset, toy_metric, toy_task_reply
 
 BAR = re.compile(r"^(?P<desc>.+?): +\d+%\|[^|]*\| (?P<n>\d+)/(?P<total>\d+) "
@@ -214,12 +214,12 @@ def test_display_progress_is_checked_and_shapes_no_result():
 def test_no_litellm_import_for_models_on_other_engines(monkeypatch, caplog):
     monkeypatch.delitem(sys.modules, "litellm", raising=False)
     lm, _ = make_lm(toy_task_reply)
-    caplog.set_level(logging.INFO, logger="dspy_opro.progress")
-    logging.getLogger("dspy_opro.progress").addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger="dspy_opro.record.progress")
+    logging.getLogger("dspy_opro.record.progress").addHandler(caplog.handler)
     try:
         assert import_litellm_announced([("optimizer", lm), ("task", lm), ("judge", None)]) is False
     finally:
-        logging.getLogger("dspy_opro.progress").removeHandler(caplog.handler)
+        logging.getLogger("dspy_opro.record.progress").removeHandler(caplog.handler)
     assert "litellm" not in sys.modules
     assert caplog.records == []
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from dspy_opro.racing import (
+from dspy_opro.extensions.racing import (
     Decision,
     Race,
     RacingSchedule,

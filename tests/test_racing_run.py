@@ -20,10 +20,10 @@ import dspy
 import pytest
 
 from dspy_opro import OPROTeleprompter
-from dspy_opro.racing import RacingSchedule, example_order
-from dspy_opro.record import load_state
-from dspy_opro.report import render_run_report, render_step_report
-from dspy_opro.step_inputs import predictor_history
+from dspy_opro.extensions.racing import RacingSchedule, example_order
+from dspy_opro.record.files import load_state
+from dspy_opro.record.report import render_run_report, render_step_report
+from dspy_opro.proposing.step_inputs import predictor_history
 from dspy_opro.testing import SimulatedEndpoint
 from tests.fakes import make_lm, scripted_optimizer, toy_dataset, toy_metric, toy_task_reply
 from tests.racing_kill_job import TRAIN_SIZE, build, trainset
@@ -52,7 +52,7 @@ def toy_run(replies: list[str], *, num_steps: int = 2, **options):
 def expected_stop(worse_skill: int, best_skill: int) -> tuple[int, int]:
     """(examples run, right answers among them) of a toy candidate raced out against a toy best, by hand: walk the
     shared order look by look and stop at the first look whose -1 count reaches the test's critical value."""
-    from dspy_opro.racing import SequentialSignTest
+    from dspy_opro.extensions.racing import SequentialSignTest
 
     order = example_order(N, seed=0)
     looks = RacingSchedule.build(N).looks

@@ -15,7 +15,7 @@ import pytest
 
 from dspy_opro.__main__ import main as cli
 from dspy_opro.errors import RunInProgressError, StateFileError
-from dspy_opro.record import PROGRESS_FILE, ProgressJournal, load_state
+from dspy_opro.record.files import PROGRESS_FILE, ProgressJournal, load_state
 from tests.fakes import make_lm, toy_dataset, toy_metric, toy_task_reply
 from tests.resume_job import build
 
@@ -35,7 +35,7 @@ def compile_job(log_dir, call_log=None, **options):
 
 def test_a_second_process_on_the_same_log_dir_is_refused_at_once(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from dspy_opro.record import LogDirLock; lock = LogDirLock(sys.argv[1]);"
+        [sys.executable, "-c", "import sys; from dspy_opro.record.files import LogDirLock; lock = LogDirLock(sys.argv[1]);"
          " lock.acquire(); print('locked', flush=True); sys.stdin.read()", str(tmp_path)],
         cwd=ROOT, env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -265,7 +265,7 @@ def graded(example, prediction, trace=None, *, weight=1.0):
 def test_the_metric_fingerprint_of_callable_objects_and_partials():
     import functools
 
-    from dspy_opro.programs import callable_fingerprint
+    from dspy_opro.task.programs import callable_fingerprint
 
     assert callable_fingerprint(ThresholdMetric(1)) == callable_fingerprint(ThresholdMetric(1))
     assert callable_fingerprint(ThresholdMetric(1)) != callable_fingerprint(ThresholdMetric(0.5))

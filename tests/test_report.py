@@ -1,4 +1,4 @@
-"""Reports of an OPRO run (dspy_opro.report) and the ``python -m dspy_opro report`` command line.
+"""Reports of an OPRO run (dspy_opro.record.report) and the ``python -m dspy_opro report`` command line.
 
 ``fixtures/state_small.json`` is ``build_fixture_state()`` below, saved by ``write_fixture()``
 (``python -c "import tests.test_report as t; t.write_fixture()"`` from the repository root); a test checks that
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from dspy_opro.__main__ import main
-from dspy_opro.record import STATE_FILE, save_state
-from dspy_opro.report import (
+from dspy_opro.record.files import STATE_FILE, save_state
+from dspy_opro.record.report import (
     format_usage,
     plot_trajectory,
     render_run_report,
@@ -30,7 +30,7 @@ from dspy_opro.report import (
     write_run_report,
     write_step_files,
 )
-from dspy_opro.state import (
+from dspy_opro.record.state import (
     Candidate,
     Fingerprint,
     ModelUsage,
@@ -609,12 +609,12 @@ def test_report_module_is_light(tmp_path: Path) -> None:
         package = types.ModuleType("dspy_opro")  # skip the package __init__: check report's own imports
         package.__path__ = [{str(ROOT / "dspy_opro")!r}]
         sys.modules["dspy_opro"] = package
-        import dspy_opro.report as report
+        import dspy_opro.record.report as report
         heavy = sorted(n for n in sys.modules if n.split(".")[0] in ("dspy", "litellm", "matplotlib"))
         assert not heavy, heavy
         import matplotlib
         backend = matplotlib.rcParams._get_backend_or_none()
-        from dspy_opro.state import RunState
+        from dspy_opro.record.state import RunState
         state = RunState.model_validate_json(open({str(FIXTURE)!r}, encoding="utf-8").read())
         report.plot_trajectory(state, {str(tmp_path / "t.png")!r})
         assert "matplotlib.pyplot" not in sys.modules

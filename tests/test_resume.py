@@ -9,7 +9,7 @@ import pytest
 
 from dspy_opro import OPROTeleprompter
 from dspy_opro.errors import StateFileError
-from dspy_opro.record import load_state
+from dspy_opro.record.files import load_state
 from tests.fakes import make_lm, toy_dataset, toy_metric, toy_task_reply
 from tests.resume_job import build
 
@@ -93,7 +93,7 @@ def test_a_truncated_state_file_is_a_clear_error(tmp_path):
 
 
 def test_ctrl_c_saves_state_before_propagating_and_the_run_resumes(tmp_path, monkeypatch):
-    from dspy_opro.scoring import CandidateScorer
+    from dspy_opro.scoring.scorer import CandidateScorer
 
     calls, results = [0], [0]
     record_result = CandidateScorer._on_result

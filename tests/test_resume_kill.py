@@ -13,7 +13,7 @@ from pathlib import Path
 import litellm
 import pytest
 
-from dspy_opro.record import load_state
+from dspy_opro.record.files import load_state
 from dspy_opro.testing import SimulatedEndpoint
 from tests.kill_job import JUDGE, OPTIMIZER, TASK, build, datasets
 

@@ -1,7 +1,7 @@
 """The final-selection decisions, on hand-made run records."""
 
 from dspy_opro import selection
-from dspy_opro.state import Candidate, Fingerprint, RunState
+from dspy_opro.record.state import Candidate, Fingerprint, RunState
 
 
 def record(train: list[float], val: list[float | None]) -> RunState:

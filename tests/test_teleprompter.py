@@ -8,8 +8,8 @@ from dspy.lm15 import AuthError, ServerError
 
 from dspy_opro import OPRO, OPROTeleprompter
 from dspy_opro.errors import FatalLMError, MetricError, OPRORunError
-from dspy_opro.exemplars import draw_exemplar_indices
-from dspy_opro.meta_prompt import gen_meta_prompt
+from dspy_opro.proposing.exemplars import draw_exemplar_indices
+from dspy_opro.proposing.meta_prompt import gen_meta_prompt
 from tests.fakes import (
     chat_reply,
     field_value,

@@ -8,7 +8,7 @@ import dspy
 import pytest
 
 from dspy_opro import OPROTeleprompter
-from dspy_opro.evaluation import ExampleJob, run_example
+from dspy_opro.scoring.evaluation import ExampleJob, run_example
 from tests.fakes import FakeEngine, chat_reply, make_lm, toy_dataset, toy_metric, toy_task_reply
 
 REPLIES = ["<INS>Better.</INS>", "<INS>Better better.</INS>", "<INS>Better better better.</INS>"]

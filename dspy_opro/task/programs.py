@@ -9,8 +9,8 @@ from typing import Any
 
 import dspy
 
-from dspy_opro.placement import AFTER_INPUTS, check_instruction_pos, place_after_inputs
-from dspy_opro.state import digest
+from dspy_opro.task.placement import AFTER_INPUTS, check_instruction_pos, place_after_inputs
+from dspy_opro.record.state import digest
 
 
 def predictor_map(program: dspy.Module) -> dict[str, Any]:
@@ -50,7 +50,7 @@ def with_instructions(program: dspy.Module, instructions: Mapping[str, str], *,
     Args:
         program: The program as given (not modified).
         instructions: The text for each named predictor.
-        instruction_pos: Where each text goes (:mod:`dspy_opro.placement`): the signature's instructions for
+        instruction_pos: Where each text goes (:mod:`dspy_opro.task.placement`): the signature's instructions for
             ``"Q_begin"`` and ``"before_Q"``, an input field after the inputs for ``"Q_end"``.
     """
     check_instruction_pos(instruction_pos)

@@ -2,7 +2,7 @@
 
 One evaluation is one program run on one example followed by the metric. It runs in a worker (a thread of the
 optimizer's pool or any ``concurrent.futures.Executor``, a Dask cluster included) with the caller's DSPy context
-(task LM, adapter) and a usage capture of its own (:mod:`dspy_opro.usage`), so usage is exact under any number of
+(task LM, adapter) and a usage capture of its own (:mod:`dspy_opro.scoring.usage`), so usage is exact under any number of
 threads. :func:`run_example` never raises; its outcome says what went wrong (:mod:`dspy_opro.errors` classifies):
 
 * ``ok``: the program answered and the metric scored it (a wrong answer scores 0);
@@ -27,9 +27,9 @@ from typing import Any, Literal
 import dspy
 
 from dspy_opro.errors import EmptyResponseError, classify_exception, clean_text, describe_exception
-from dspy_opro.exemplars import NO_REFERENCE_NOTE, render_fields
-from dspy_opro.state import ModelUsage
-from dspy_opro.usage import UsageCapture
+from dspy_opro.proposing.exemplars import NO_REFERENCE_NOTE, render_fields
+from dspy_opro.record.state import ModelUsage
+from dspy_opro.scoring.usage import UsageCapture
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def metric_feedback(value: Any) -> str | None:
 
 
 def exemplar_answer(prediction: Any, score: float | None, feedback: str | None, label_keys: list[str]) -> str:
-    """The answer shown for an example without usable labels (see :mod:`dspy_opro.exemplars`).
+    """The answer shown for an example without usable labels (see :mod:`dspy_opro.proposing.exemplars`).
 
     The program's output counts when the metric judged it fully right: its fields named like the example's labels,
     or, when none is, all of its fields but a ReAct trajectory.

@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dspy_opro.state import Candidate, RunState, best_candidate
+from dspy_opro.record.state import Candidate, RunState, best_candidate
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

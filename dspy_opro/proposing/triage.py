@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from dspy_opro.meta_prompt import extract_instruction, instruction_md5, polish_sentence
+from dspy_opro.proposing.meta_prompt import extract_instruction, instruction_md5, polish_sentence
 
 Fate = Literal["new", "duplicate", "no_instruction", "empty", "too_long", "contains_ins"]
 

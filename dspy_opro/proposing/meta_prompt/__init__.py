@@ -9,20 +9,20 @@ running the authors' functions and pin the output down character for character.
 
 One job per module:
 
-* :mod:`~dspy_opro.meta_prompt.templates`: the authors' strings and the option values they are keyed by;
-* :mod:`~dspy_opro.meta_prompt.builder`: option checks, score formatting, history selection and
+* :mod:`~dspy_opro.proposing.meta_prompt.templates`: the authors' strings and the option values they are keyed by;
+* :mod:`~dspy_opro.proposing.meta_prompt.builder`: option checks, score formatting, history selection and
   :func:`gen_meta_prompt`;
-* :mod:`~dspy_opro.meta_prompt.replies`: :func:`extract_instruction`, :func:`polish_sentence` and
+* :mod:`~dspy_opro.proposing.meta_prompt.replies`: :func:`extract_instruction`, :func:`polish_sentence` and
   :func:`instruction_md5`.
 
-Every public name is re-exported here, so ``from dspy_opro.meta_prompt import gen_meta_prompt`` is the import to use.
+Every public name is re-exported here, so ``from dspy_opro.proposing.meta_prompt import gen_meta_prompt`` is the import to use.
 """
 
 from __future__ import annotations
 
-from dspy_opro.meta_prompt.builder import format_score, gen_meta_prompt, validate_meta_prompt_options
-from dspy_opro.meta_prompt.replies import extract_instruction, instruction_md5, polish_sentence
-from dspy_opro.meta_prompt.templates import (
+from dspy_opro.proposing.meta_prompt.builder import format_score, gen_meta_prompt, validate_meta_prompt_options
+from dspy_opro.proposing.meta_prompt.replies import extract_instruction, instruction_md5, polish_sentence
+from dspy_opro.proposing.meta_prompt.templates import (
     BLOCK_SEPARATOR,
     GPT_ANSWER_TEMPLATE,
     GPT_EXEMPLARS_INTRO,

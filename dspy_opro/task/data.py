@@ -17,8 +17,8 @@ import dspy
 
 from dspy_opro.compat import input_keys
 from dspy_opro.config import OPROConfig
-from dspy_opro.exemplars import render_fields
-from dspy_opro.programs import output_fields, predictor_map
+from dspy_opro.proposing.exemplars import render_fields
+from dspy_opro.task.programs import output_fields, predictor_map
 
 
 def check_examples(name: str, examples: Sequence[Any]) -> list[dspy.Example]:

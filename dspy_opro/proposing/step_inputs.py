@@ -2,18 +2,18 @@
 
 The history of a predictor is its instruction in the program as given and its scored initial instructions (both
 step -1), then every scored instruction proposed for it, each with its training score (a raced-out one with its
-partial mean); :func:`dspy_opro.meta_prompt.gen_meta_prompt` sorts, filters and buckets it as the authors do. The
+partial mean); :func:`dspy_opro.proposing.meta_prompt.gen_meta_prompt` sorts, filters and buckets it as the authors do. The
 problems are drawn by :class:`ExemplarPicker`: the authors' uniform draw (``"random"`` or ``"constant"``,
-:func:`dspy_opro.exemplars.draw_exemplar_indices`) or the hard-and-diverse DPP (:mod:`dspy_opro.diversity`), from
+:func:`dspy_opro.proposing.exemplars.draw_exemplar_indices`) or the hard-and-diverse DPP (:mod:`dspy_opro.extensions.hard_diverse`), from
 every training example that has something to show as its answer.
 """
 
 from __future__ import annotations
 
 from dspy_opro.config import OPROConfig
-from dspy_opro.data import RunData
-from dspy_opro.exemplars import NO_REFERENCE_NOTE, draw_exemplar_indices, render_fields
-from dspy_opro.state import Candidate, RunState
+from dspy_opro.task.data import RunData
+from dspy_opro.proposing.exemplars import NO_REFERENCE_NOTE, draw_exemplar_indices, render_fields
+from dspy_opro.record.state import Candidate, RunState
 
 
 def predictor_history(state: RunState, predictor: str) -> list[tuple[str, float, int]]:
@@ -53,7 +53,7 @@ class ExemplarPicker:
         k = min(config.num_exemplars, len(eligible))
         if config.exemplar_selection != "hard_diverse":
             return draw_exemplar_indices(eligible, k, step, seed=config.seed, criteria=config.exemplar_selection)
-        from dspy_opro.diversity import QuestionFeatures
+        from dspy_opro.extensions.hard_diverse import QuestionFeatures
 
         difficulties = None
         scored = [c for c in state.scored() if c.scores]

@@ -29,7 +29,7 @@ from typing import Any
 import dspy
 
 from dspy_opro.compat import BaseCallback, UsageTracker, price_map_entry
-from dspy_opro.state import ModelUsage
+from dspy_opro.record.state import ModelUsage
 
 logger = logging.getLogger(__name__)
 

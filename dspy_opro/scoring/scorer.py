@@ -1,12 +1,12 @@
 """Scoring candidates: evaluations fanned out within the budget, and their results recorded as they arrive.
 
-:class:`Evaluator` feeds (candidate, example) jobs (:mod:`dspy_opro.evaluation`) to a thread pool or any
+:class:`Evaluator` feeds (candidate, example) jobs (:mod:`dspy_opro.scoring.evaluation`) to a thread pool or any
 ``concurrent.futures.Executor`` (a Dask cluster included) lazily, so the ``max_metric_calls`` and ``max_cost``
 budgets stop it at an exact count, and hands each finished result back in the calling thread.
 :class:`CandidateScorer` decides what to run (every example a candidate has no score for), stores each result on its
 candidate as it arrives, journals it, and finishes a candidate once all its examples are in: ``scored`` with its
 mean, or ``unscored`` when LM failures left examples without a score. With ``racing=True`` a step's new candidates
-race the best (:mod:`dspy_opro.racing`): they run in rounds of one block each, and a candidate the test stops is
+race the best (:mod:`dspy_opro.extensions.racing`): they run in rounds of one block each, and a candidate the test stops is
 ``raced_out`` with its partial mean. Fatal LM errors and broken metrics stop the
 run here, naming the model or the example.
 """
@@ -24,11 +24,11 @@ import dspy
 
 from dspy_opro.compat import current_context, run_in_context
 from dspy_opro.config import Models, OPROConfig
-from dspy_opro.data import RunData
+from dspy_opro.task.data import RunData
 from dspy_opro.errors import FatalLMError, MetricError, OPRORunError, describe_exception
-from dspy_opro.evaluation import ExampleJob, ExampleResult, run_example
-from dspy_opro.racing import Race, RacingSchedule, example_order
-from dspy_opro.state import (
+from dspy_opro.scoring.evaluation import ExampleJob, ExampleResult, run_example
+from dspy_opro.extensions.racing import Race, RacingSchedule, example_order
+from dspy_opro.record.state import (
     START_ID,
     Candidate,
     ModelUsage,
@@ -203,7 +203,7 @@ class CandidateScorer:
             candidates: The candidates to score.
             split: ``"train"`` or ``"val"``.
             race_against: With ``racing=True`` on ``"train"``: the best candidate at the start of the step. Every
-                other candidate but the start then races it (:mod:`dspy_opro.racing`): its examples are run block
+                other candidate but the start then races it (:mod:`dspy_opro.extensions.racing`): its examples are run block
                 by block in the shared seeded order, every candidate's next block only once the previous look is
                 decided, and a candidate the test finds worse is recorded ``raced_out``. Recorded scores are replayed
                 into the race first, so a resumed race takes the same decisions.

@@ -2,7 +2,7 @@
 
 Every candidate instruction with its per-example training scores and its fate, one record per step (exemplars, the
 meta-prompt, the optimizer's replies and what became of each), the usage of both models, and how the returned
-program was selected. :mod:`dspy_opro.record` writes the record to disk and reads it back; reports and the plot
+program was selected. :mod:`dspy_opro.record.files` writes the record to disk and reads it back; reports and the plot
 only read it. The one rule for "the best candidate" (highest training score, the earliest among ties) lives here,
 beside the candidates, as :func:`best_candidate` and :func:`ranked_candidates`.
 """
@@ -106,7 +106,7 @@ MAX_ERROR_KINDS = 20  # distinct errors kept per candidate; further ones only co
 
 
 class RaceLook(BaseModel):
-    """One look of a candidate's race (:class:`dspy_opro.racing.Look`): the sign counts and the critical value."""
+    """One look of a candidate's race (:class:`dspy_opro.extensions.racing.Look`): the sign counts and the critical value."""
 
     examples: int  # examples of the shared order scored at this look
     worse: int  # examples the candidate lost to the best (sign -1)

@@ -1,6 +1,6 @@
 """Reports of an OPRO run: one Markdown page per step, one for the run, and the score-trajectory plot.
 
-Everything here is a pure function of a :class:`~dspy_opro.state.RunState`, so a report can be rebuilt at any
+Everything here is a pure function of a :class:`~dspy_opro.record.state.RunState`, so a report can be rebuilt at any
 time from ``state.json`` alone (``python -m dspy_opro report LOG_DIR``). Training scores are shown on the
 0-100 scale of the OPRO paper with one decimal. The module imports neither DSPy nor matplotlib; the plot
 imports matplotlib when it is drawn and uses its object-oriented API with the Agg canvas, so it never touches
@@ -9,7 +9,7 @@ pyplot's global state or a backend the user has chosen.
 Layout under ``log_dir``::
 
     report.md              the run: settings, trajectory, best instructions, selection, usage
-    trajectory.png         training scores by step (with matplotlib installed; drawn by dspy_opro.plot)
+    trajectory.png         training scores by step (with matplotlib installed; drawn by dspy_opro.record.plot)
     steps/NNN/meta_prompt.txt   the exact meta-prompt of step NNN
     steps/NNN/replies.json      the optimizer's replies and what became of each
     steps/NNN/report.md         the step in Markdown
@@ -23,9 +23,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from dspy_opro.markdown import DASH, cell, code, fenced, fmt_cost, fmt_pct, fmt_row_pct, inline, pct, table
-from dspy_opro.plot import PLOT_INSTALL_HINT, plot_trajectory  # noqa: F401 (re-exported; the plot lives there)
-from dspy_opro.state import Candidate, ModelUsage, RunState, Step, UsageRecord, best_candidate, ranked_candidates
+from dspy_opro.record.markdown import DASH, cell, code, fenced, fmt_cost, fmt_pct, fmt_row_pct, inline, pct, table
+from dspy_opro.record.plot import PLOT_INSTALL_HINT, plot_trajectory  # noqa: F401 (re-exported; the plot lives there)
+from dspy_opro.record.state import Candidate, ModelUsage, RunState, Step, UsageRecord, best_candidate, ranked_candidates
 
 __all__ = [
     "REPORT_FILE",

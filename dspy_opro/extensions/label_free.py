@@ -14,11 +14,11 @@ from typing import Any
 
 import dspy
 
-from dspy_opro.data import RunData
+from dspy_opro.task.data import RunData
 from dspy_opro.errors import clean_text
-from dspy_opro.evaluation import ExampleResult
-from dspy_opro.preference import PairwiseJudge, preference_to_score, render_inputs, render_trajectory
-from dspy_opro.state import RunState, digest
+from dspy_opro.scoring.evaluation import ExampleResult
+from dspy_opro.extensions.judge import PairwiseJudge, preference_to_score, render_inputs, render_trajectory
+from dspy_opro.record.state import RunState, digest
 
 
 def example_key(example: dspy.Example) -> str:

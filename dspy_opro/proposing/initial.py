@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dspy_opro.meta_prompt import instruction_md5
-from dspy_opro.state import Candidate
+from dspy_opro.proposing.meta_prompt import instruction_md5
+from dspy_opro.record.state import Candidate
 
 InitialInstructions = tuple[str, ...] | dict[str, tuple[str, ...]]
 

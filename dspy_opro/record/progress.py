@@ -30,7 +30,7 @@ from typing import Any, TextIO
 import tqdm
 
 from dspy_opro.compat import dspy_logging_stream, lm_engine
-from dspy_opro.state import START_ID, Candidate
+from dspy_opro.record.state import START_ID, Candidate
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Markdown building blocks of the run reports: scores on the paper's 0-100 scale, table cells, code and money.
 
-Pure string functions with no knowledge of the run record; :mod:`dspy_opro.report` composes them into pages.
+Pure string functions with no knowledge of the run record; :mod:`dspy_opro.record.report` composes them into pages.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from typing import Any
 import dspy
 
 from dspy_opro.compat import AdapterParseError
-from dspy_opro.usage import LMCallCounter
+from dspy_opro.scoring.usage import LMCallCounter
 
 logger = logging.getLogger(__name__)
 

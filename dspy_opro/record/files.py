@@ -1,7 +1,7 @@
 """The files of a run record: ``state.json``, the journal and the lock.
 
-With a ``log_dir``, the run record (:class:`dspy_opro.state.RunState`) is kept on disk so that a crash at any
-moment loses nothing paid for (:mod:`dspy_opro.resume` decides when to write and how to resume):
+With a ``log_dir``, the run record (:class:`dspy_opro.record.state.RunState`) is kept on disk so that a crash at any
+moment loses nothing paid for (:mod:`dspy_opro.record.recorder` decides when to write and how to resume):
 
 * ``state.json`` is written atomically (temporary file, fsync, rename) before step -1's first evaluation, after
   each step's optimizer calls, after each step and at the end (the journal holds the evaluations in between); a
@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from dspy_opro.errors import LogDirError, RunInProgressError, StateFileError
-from dspy_opro.state import SCHEMA_VERSION, Fingerprint, RunState
+from dspy_opro.record.state import SCHEMA_VERSION, Fingerprint, RunState
 
 STATE_FILE = "state.json"
 PROGRESS_FILE = "progress.jsonl"

@@ -28,8 +28,8 @@ import dspy
 
 from dspy_opro.compat import current_context, lm_engine, run_in_context
 from dspy_opro.errors import EmptyResponseError, classify_exception, clean_text, describe_exception, fatal_lm_error
-from dspy_opro.state import ModelUsage
-from dspy_opro.usage import UsageCapture
+from dspy_opro.record.state import ModelUsage
+from dspy_opro.scoring.usage import UsageCapture
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """The meta-prompt builder: option checks, score formatting, history selection and :func:`gen_meta_prompt`.
 
-This is the authors' meta-prompt builder (google-deepmind/opro, Apache-2.0; see :mod:`dspy_opro.meta_prompt`),
+This is the authors' meta-prompt builder (google-deepmind/opro, Apache-2.0; see :mod:`dspy_opro.proposing.meta_prompt`),
 rewritten from a prose description of its behaviour around the verbatim strings of
-:mod:`dspy_opro.meta_prompt.templates`. The history is sorted ascending by score with a stable sort (ties keep
+:mod:`dspy_opro.proposing.meta_prompt.templates`. The history is sorted ascending by score with a stable sort (ties keep
 insertion order, so the more recent of two equal scores is shown lower), the highest ``max_num_instructions``
 entries are kept, entries below the score threshold are dropped, and each remaining one is written as
 ``text:``/``score:`` lines. Problems from the training set follow (or precede) it, in the layout selected by the
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from dspy_opro.checks import is_bool, require_bool, require_choice, require_int, require_number
-from dspy_opro.meta_prompt.templates import (
+from dspy_opro.proposing.meta_prompt.templates import (
     BLOCK_SEPARATOR,
     GPT_ANSWER_TEMPLATE,
     GPT_EXEMPLARS_INTRO,

@@ -1,6 +1,6 @@
 """Opening, resuming and saving one run's record: when to write, what to replay, when a saved run continues.
 
-:class:`RunRecorder` is the run's only way to the disk (:mod:`dspy_opro.record` holds the files). Without a
+:class:`RunRecorder` is the run's only way to the disk (:mod:`dspy_opro.record.files` holds the files). Without a
 ``log_dir`` it keeps nothing and every call is a no-op. With one, :meth:`RunRecorder.open` returns the run record:
 
 * a finished run is returned as it is, without taking the lock, so a read-only folder still gives its result;
@@ -25,8 +25,8 @@ from pathlib import Path
 
 from dspy_opro.config import OPROConfig
 from dspy_opro.errors import LogDirError, describe_exception
-from dspy_opro.evaluation import ExampleResult
-from dspy_opro.record import (
+from dspy_opro.scoring.evaluation import ExampleResult
+from dspy_opro.record.files import (
     STATE_FILE,
     LogDirLock,
     ProgressJournal,
@@ -36,8 +36,8 @@ from dspy_opro.record import (
     load_state,
     save_state,
 )
-from dspy_opro.scoring import CUT_SHORT, LM_FAILURES, Budget
-from dspy_opro.state import Candidate, Fingerprint, ModelUsage, RunState, record_result
+from dspy_opro.scoring.scorer import CUT_SHORT, LM_FAILURES, Budget
+from dspy_opro.record.state import Candidate, Fingerprint, ModelUsage, RunState, record_result
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class RunRecorder:
         self._journal.clear()
         if final:
             try:
-                from dspy_opro.report import write_run_report
+                from dspy_opro.record.report import write_run_report
 
                 write_run_report(state, self.log_dir)
             except Exception as exc:  # a report must never cost the run
@@ -191,7 +191,7 @@ class RunRecorder:
         if not self.log_dir:
             return
         try:
-            from dspy_opro.report import write_step_files
+            from dspy_opro.record.report import write_step_files
 
             write_step_files(state, step, self.log_dir)
         except Exception as exc:  # a report must never cost the run

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dspy_opro.checks import is_bool, require_number
-from dspy_opro.similarity import FEATURIZERS, HASHED_BUCKETS, TextFeatures, check_featurizer, similarity_matrix
+from dspy_opro.extensions.similarity import FEATURIZERS, HASHED_BUCKETS, TextFeatures, check_featurizer, similarity_matrix
 
 __all__ = [
     "FEATURIZERS",
@@ -336,7 +336,7 @@ def select_hard_diverse(
 
 
 class QuestionFeatures(TextFeatures):
-    """The examples' features (see :class:`~dspy_opro.similarity.TextFeatures`) and the hard-and-diverse selection.
+    """The examples' features (see :class:`~dspy_opro.extensions.similarity.TextFeatures`) and the hard-and-diverse selection.
 
     Each :meth:`select` weighs the features of the examples it may choose from and runs the greedy DPP MAP asking
     only for the kernel rows of its picks: memory grows with ``n * k``, never with ``n * n``.

@@ -1,6 +1,6 @@
 """Text similarity for exemplar selection: featurize questions once, then cosine-similarity rows on demand.
 
-The hard-and-diverse selection of :mod:`dspy_opro.diversity` needs to know how alike two training questions are.
+The hard-and-diverse selection of :mod:`dspy_opro.extensions.hard_diverse` needs to know how alike two training questions are.
 This module answers that, and nothing else: it turns texts into features (TF-IDF over lowercase ``\\w+`` tokens,
 a bag of words hashed with CRC-32 into ``2**12`` buckets, or a user embedder's vectors) and gives their cosine
 similarity, either as a full ``n x n`` matrix (:func:`similarity_matrix`) or one row at a time for a subset of

@@ -1,6 +1,6 @@
 """Reply parsing and instruction normalisation: extract the instruction, polish it, key it for de-duplication.
 
-The authors' handling of one optimizer reply (google-deepmind/opro, Apache-2.0; see :mod:`dspy_opro.meta_prompt`),
+The authors' handling of one optimizer reply (google-deepmind/opro, Apache-2.0; see :mod:`dspy_opro.proposing.meta_prompt`),
 rewritten from a prose description: take the instruction out of the reply (the first ``<INS>``/``<Start>`` tag pair
 for GPT-style optimizers, the first square-bracket pair for PaLM-style ones, the first ``<TEXT>`` pair for the
 ``instructions_only`` prompt), normalise it, and key it for de-duplication. Quirks kept: the PaLM bracket pattern
@@ -17,7 +17,7 @@ import re
 from typing import Final
 
 from dspy_opro.checks import require_choice
-from dspy_opro.meta_prompt.templates import (
+from dspy_opro.proposing.meta_prompt.templates import (
     INS_TAGS,
     INSTRUCTION_POSITIONS,
     META_PROMPT_TYPES,
