@@ -293,11 +293,11 @@ def unit_costs(repeat: int) -> list[tuple[str, float, str]]:
     """(what, microseconds, per what) for the pieces of OPRO's per-evaluation path, one thread, no contention."""
     from dspy.dsp.utils.settings import thread_local_overrides
 
+    from dspy_opro.record.files import ProgressJournal, save_state
+    from dspy_opro.record.state import RunState, UsageRecord
+    from dspy_opro.run import OPRORun
     from dspy_opro.scoring.evaluation import ExampleJob, run_example
     from dspy_opro.task.programs import with_instructions
-    from dspy_opro.record.files import ProgressJournal, save_state
-    from dspy_opro.run import OPRORun
-    from dspy_opro.record.state import RunState, UsageRecord
 
     lm = instant_lm()
     example = simulated_dataset(1)[0]

@@ -29,7 +29,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import dspy  # noqa: E402
 
-from dspy_opro import OPROTeleprompter  # noqa: E402
+from dspy_opro import OPROTeleprompter, Racing  # noqa: E402
 from dspy_opro.testing import SimulatedEndpoint, answers_correctly, simulated_dataset, simulated_metric  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "racing.md"
@@ -58,7 +58,7 @@ def compile_once(*, seed: int, n: int, steps: int, candidates: int, threads: int
         teleprompter = OPROTeleprompter(
             simulated_metric, prompt_model=dspy.LM("openai/sim-opt", **connection),
             task_model=dspy.LM("openai/sim-task", **connection), num_steps=steps, num_candidates=candidates,
-            num_threads=threads, racing=racing, racing_alpha=alpha, seed=seed)
+            num_threads=threads, racing=Racing(alpha=alpha) if racing else False, seed=seed)
         started = time.perf_counter()
         compiled = teleprompter.compile(dspy.Predict("question -> answer"), trainset=trainset)
         seconds = time.perf_counter() - started

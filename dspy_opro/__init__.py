@@ -1,6 +1,17 @@
-"""dspy-opro: OPRO (Optimization by PROmpting, Yang et al., ICLR 2024) as a DSPy optimizer."""
+"""dspy-opro: OPRO (Optimization by PROmpting, Yang et al., ICLR 2024) as a DSPy optimizer.
 
-from dspy_opro.compat import configure_loggers
+``OPROTeleprompter`` (alias ``OPRO``) is the optimizer; ``Racing``, ``HardDiverse`` and ``ValGate`` are the options of
+the extensions beyond the authors, and ``PairwisePreference`` is label-free OPRO's metric (imported on first use).
+Importing the package configures nothing: log lines reach DSPy's logging stream only while a compile runs, and only
+where logging is not configured otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
 from dspy_opro.errors import (
     EmptyResponseError,
     FatalLMError,
@@ -11,25 +22,41 @@ from dspy_opro.errors import (
     RunInProgressError,
     StateFileError,
 )
-from dspy_opro.record.state import RunState
+from dspy_opro.extensions import HardDiverse, Racing, ValGate
+from dspy_opro.record.state import CandidateStatus, RunState
 from dspy_opro.teleprompter import OPRO, OPROTeleprompter
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from dspy_opro.extensions.label_free import PairwisePreference
 
-# Our log lines go through DSPy's logging stream, so dspy.disable_logging() silences them too.
-configure_loggers(__name__)
+try:
+    __version__ = version("dspy-opro")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PairwisePreference":  # label-free OPRO's metric: its judge signature is built on first use
+        return importlib.import_module("dspy_opro.extensions.label_free").PairwisePreference
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "OPRO",
+    "CandidateStatus",
     "EmptyResponseError",
     "FatalLMError",
+    "HardDiverse",
     "LogDirError",
     "MetricError",
     "OPROTeleprompter",
     "OPRORunError",
+    "PairwisePreference",
     "ProgramError",
+    "Racing",
     "RunInProgressError",
     "RunState",
     "StateFileError",
+    "ValGate",
     "__version__",
 ]

@@ -3,16 +3,18 @@
 dspy-opro runs on DSPy's public API wherever it can. A few things it needs have no public face in DSPy 3.4: the
 per-thread settings overrides that ``dspy.context`` writes (evaluation workers must adopt the caller's LM, adapter
 and callbacks), the id of the active callback call (so tracing nests the program runs under ``compile``), the usage
-tracker class and the LM exception types, DSPy's copy of LiteLLM's price map, and DSPy's logging set-up. Each is
+tracker class and the LM exception types, DSPy's copy of LiteLLM's price map, and DSPy's logging stream. Each is
 reached here and nowhere else, and ``tests/test_compat.py`` has a test per access, so that a DSPy upgrade that
 moves one breaks one test that names it rather than the optimizer in many places.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,7 +34,7 @@ from dspy.utils.exceptions import (
     LMUnsupportedModelError,
     is_retryable_lm_error,
 )
-from dspy.utils.logging_utils import DSPY_LOGGING_STREAM, configure_dspy_loggers
+from dspy.utils.logging_utils import DSPY_LOGGING_STREAM, LOGGING_DATETIME_FORMAT, LOGGING_LINE_FORMAT
 from dspy.utils.usage_tracker import UsageTracker
 
 T = TypeVar("T")
@@ -114,9 +116,36 @@ def dspy_logging_stream() -> Any:
     return DSPY_LOGGING_STREAM
 
 
-def configure_loggers(package: str) -> None:
-    """Send ``package``'s log lines through DSPy's logging stream, so ``dspy.disable_logging()`` silences them."""
-    configure_dspy_loggers(package)
+def logging_configured(logger: logging.Logger) -> bool:
+    """Whether the process configured logging for ``logger``: a handler of its own, or one on the root logger."""
+    return bool(logger.handlers or logging.getLogger().handlers)
+
+
+@contextmanager
+def logging_through_dspy(package: str) -> Iterator[None]:
+    """While the block runs, send ``package``'s INFO lines through DSPy's logging stream, as DSPy's own loggers are.
+
+    Only where nobody configured logging (neither ``package``'s logger nor the root logger has a handler): then the
+    lines look like DSPy's and ``dspy.disable_logging()`` silences them. A user's configuration is left alone, and
+    everything changed is restored when the block ends; nothing is configured at import.
+    """
+    logger = logging.getLogger(package)
+    if logging_configured(logger):
+        yield
+        return
+    handler = logging.StreamHandler(DSPY_LOGGING_STREAM)
+    handler.setFormatter(logging.Formatter(fmt=LOGGING_LINE_FORMAT, datefmt=LOGGING_DATETIME_FORMAT))
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    if level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 __all__ = [
@@ -132,7 +161,7 @@ __all__ = [
     "LMUnsupportedFeatureError",
     "LMUnsupportedModelError",
     "UsageTracker",
-    "configure_loggers",
+    "logging_through_dspy",
     "current_context",
     "dspy_logging_stream",
     "input_keys",

@@ -1,43 +1,66 @@
-"""The configuration of one OPRO run: every setting, validated once and frozen.
+"""The configuration of one OPRO run: every setting, documented, validated once and frozen.
 
 :class:`OPROTeleprompter` is DSPy's face of the optimizer; it builds an :class:`OPROConfig` in its constructor, so a
 bad setting fails there, before any LM call, with a message that names the fix. The run reads the configuration and
-never the teleprompter. The configuration alone says what a run records about its settings and what its resume
-fingerprint covers:
+never the teleprompter.
 
-* :meth:`OPROConfig.recorded_settings` is the JSON-able dictionary stored in the run record (``state.config``);
-* :meth:`OPROConfig.fingerprint` digests what decides a run's results: the search settings (budgets and
-  ``num_steps`` excepted, so that a stopped or finished run can continue), the resolved models, the metric's code,
-  the trainset, the valset where the run uses it, and the program's structure, instructions and demos.
+The fields of :class:`OPROConfig` are the one source of the settings. Each field's metadata (:func:`setting`) holds
+its documentation, its group and its kind; from them come the constructor's ``Args:`` (checked by a test against
+:func:`settings_docstring`), the documentation's parameter table (checked the same way), and what a run records and
+fingerprints:
+
+* ``search`` settings shape the results: recorded in the run record (``state.config``) and fingerprinted, so a
+  resumed run must have the same;
+* ``continuable`` settings (``num_steps`` and the budgets) are recorded but not fingerprinted: a stopped or finished
+  run continues under larger ones;
+* ``execution`` settings (threads, executor, folder, progress bar) shape no result and are neither.
+
+The configuration also turns the options into the run's policies (:meth:`OPROConfig.scoring_policy`,
+:meth:`~OPROConfig.exemplar_policy`, :meth:`~OPROConfig.selection_policy`), importing an extension only when it is
+used.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import dspy
 
 from dspy_opro.checks import require_bool, require_choice, require_int, require_number
-from dspy_opro.scoring.evaluation import metric_takes_trace
-from dspy_opro.proposing.initial import InitialInstructions, check_initial_instructions, initial_settings
+from dspy_opro.extensions import HardDiverse, Racing, ValGate
+from dspy_opro.proposing.initial import check_initial_instructions, initial_settings
 from dspy_opro.proposing.meta_prompt import validate_meta_prompt_options
+from dspy_opro.proposing.step_inputs import ExemplarPolicy, UniformExemplars
+from dspy_opro.record.state import Fingerprint, digest
+from dspy_opro.scoring.evaluation import AnchoredMetric, metric_takes_trace
+from dspy_opro.scoring.scorer import ScoringPolicy
+from dspy_opro.selection import OnTraining, OnValidation, SelectionPolicy
 from dspy_opro.task.placement import check_instruction_pos
 from dspy_opro.task.programs import callable_fingerprint, dataset_fingerprint, program_fingerprint
-from dspy_opro.record.state import Fingerprint, digest
 
 ExemplarSelection = Literal["random", "constant", "hard_diverse"]
 EXEMPLAR_SELECTIONS = ("random", "constant", "hard_diverse")
 SELECTIONS = ("train", "validation")
+SettingKind = Literal["search", "continuable", "execution"]
 
-# Settings that may change between a run and its resumption: budgets stop a run cleanly and a larger one continues
-# it, and a larger num_steps continues a finished run from its last step.
-CONTINUABLE_SETTINGS = ("num_steps", "max_metric_calls", "max_cost")
+GROUPS = ("metric", "models", "search", "meta-prompt", "targets", "final selection", "budget", "execution",
+          "record", "observing")
+
+
+def setting(default: Any = dataclasses.MISSING, *, doc: str, group: str, kind: SettingKind = "search",
+            compare: bool = True) -> Any:
+    """A field of :class:`OPROConfig` with its documentation (the constructor's ``Args:`` text), group and kind."""
+    metadata = {"doc": " ".join(doc.split()), "group": group, "kind": kind}
+    if default is dataclasses.MISSING:
+        return field(metadata=metadata, compare=compare)
+    return field(default=default, metadata=metadata, compare=compare)
 
 
 def _check_model(name: str, model: Any) -> None:
@@ -54,6 +77,11 @@ def resolve_model(model: dspy.BaseLM | str | None) -> dspy.BaseLM | None:
     return dspy.LM(model, engine="litellm") if isinstance(model, str) else model
 
 
+def model_name(model: Any) -> str | None:
+    """The name a run records for a model (``dspy.LM.model``), or None."""
+    return getattr(model, "model", None) if model is not None else None
+
+
 @dataclass(frozen=True)
 class Models:
     """The three models of a run, resolved at ``compile`` time (``None`` settings fall back to ``dspy.settings``)."""
@@ -64,62 +92,135 @@ class Models:
 
     def named(self) -> dict[str, str | None]:
         """The model names the run records and fingerprints."""
-        return {"prompt_model": getattr(self.prompt, "model", None), "task_model": getattr(self.task, "model", None),
-                "judge_model": getattr(self.judge, "model", None) if self.judge is not None else None}
+        return {"prompt_model": model_name(self.prompt), "task_model": model_name(self.task),
+                "judge_model": model_name(self.judge)}
 
 
 @dataclass(frozen=True, kw_only=True)
 class OPROConfig:
-    """Every setting of one OPRO run; see :class:`dspy_opro.OPROTeleprompter` for what each one means."""
+    """Every setting of one OPRO run; see :class:`dspy_opro.OPROTeleprompter` for the constructor."""
 
-    metric: Callable[..., Any] | None = None
+    metric: Callable[..., Any] = setting(
+        group="metric",
+        doc="""``metric(example, prediction, trace=None)`` or ``metric(example, prediction)`` (as for
+        ``dspy.Evaluate``; ``trace`` is passed only where the metric takes it) returning a float in [0, 1], a bool,
+        or a ``dspy.Prediction(score=..., feedback=...)``. For label-free OPRO (no labels, no metric) pass
+        ``dspy_opro.PairwisePreference(judge_model=...)``.""")
     # models
-    prompt_model: dspy.BaseLM | str | None = None
-    task_model: dspy.BaseLM | str | None = None
-    judge_model: dspy.BaseLM | str | None = None
+    prompt_model: dspy.BaseLM | str | None = setting(
+        None, group="models",
+        doc="""The optimizer model: a ``dspy.LM`` or a LiteLLM model string (which becomes
+        ``dspy.LM(model, engine="litellm")``). ``None``: ``dspy.settings.lm``.""")
+    task_model: dspy.BaseLM | str | None = setting(
+        None, group="models",
+        doc="""The model that runs the program while scoring: a ``dspy.LM`` or a LiteLLM model string. ``None``:
+        ``dspy.settings.lm``.""")
     # search
-    initial_instructions: InitialInstructions | None = None
-    num_steps: int = 10
-    num_candidates: int = 8
-    num_exemplars: int = 3
-    exemplar_selection: ExemplarSelection = "random"
-    diversity_theta: float = 0.7
+    initial_instructions: Sequence[str] | Mapping[str, Sequence[str]] | None = setting(
+        None, group="search",
+        doc="""Extra starting instructions, scored on the training set at step -1 beside the program's own (the
+        authors' list of initial instructions): each enters the meta-prompt history with its score and can be
+        selected like any candidate. A list is for a program with one target predictor; with several, a mapping
+        ``{predictor name: [instructions]}``. A repeat of the predictor's own instruction or of an earlier text is
+        recorded as skipped, not scored. None: only the program's own.""")
+    num_steps: int = setting(
+        10, group="search", kind="continuable",
+        doc="Optimization steps; each sends the meta-prompt ``num_candidates`` times.")
+    num_candidates: int = setting(8, group="search", doc="Optimizer samples per step (the authors' 8).")
+    num_exemplars: int = setting(
+        3, group="search", doc="Training problems shown in each meta-prompt (the authors' 3); 0 shows none.")
+    exemplar_selection: ExemplarSelection | HardDiverse = setting(
+        "random", group="search",
+        doc="""``"random"`` (the authors' default: a new draw per step), ``"constant"`` (the same draw every step)
+        or ``"hard_diverse"`` (problems the instructions fail, spread out by a DPP); ``HardDiverse(theta=...)``
+        sets the DPP's trade-off (0: diversity alone, 1: difficulty alone; the default 0.7).""")
     # meta-prompt
-    max_num_instructions: int = 20
-    score_threshold: float = 0.0
-    num_score_buckets: int | float = 100
-    optimizer_family: Literal["gpt", "palm"] = "gpt"
-    instruction_pos: Literal["before_Q", "Q_begin", "Q_end"] = "Q_begin"
-    include_qa: bool = False
-    meta_prompt_type: Literal["both_instructions_and_exemplars", "instructions_only"] = (
-        "both_instructions_and_exemplars"
-    )
-    task_description: str = ""
-    max_instruction_chars: int | None = None
-    temperature: float = 1.0
-    max_tokens: int = 1024
+    max_num_instructions: int = setting(
+        20, group="meta-prompt", doc="How many of the best instructions the meta-prompt shows (the authors' 20).")
+    score_threshold: float = setting(
+        0.0, group="meta-prompt", doc="Instructions scoring below this (0 to 1) are not shown; 0 disables it.")
+    num_score_buckets: int | float = setting(
+        100, group="meta-prompt",
+        doc="""Scores are shown as integers from 0 to this number; ``math.inf`` shows them rounded to three
+        decimals.""")
+    optimizer_family: Literal["gpt", "palm"] = setting(
+        "gpt", group="meta-prompt",
+        doc="``\"gpt\"`` or ``\"palm\"``: which of the authors' meta-prompt wordings to use.")
+    instruction_pos: Literal["before_Q", "Q_begin", "Q_end"] = setting(
+        "Q_begin", group="meta-prompt",
+        doc="""Where the instruction sits, in the meta-prompt's problems and in the program alike: ``"Q_begin"``
+        or ``"before_Q"`` (the predictor's instructions, before the inputs; ``"before_Q"`` needs
+        ``include_qa=True``) or ``"Q_end"`` (an input field after the inputs). The authors' ``"A_begin"`` (the start
+        of the answer) is refused: DSPy cannot start a model's answer with a given text.""")
+    include_qa: bool = setting(False, group="meta-prompt", doc="Render exemplars with ``Q:``/``A:`` markers.")
+    meta_prompt_type: Literal["both_instructions_and_exemplars", "instructions_only"] = setting(
+        "both_instructions_and_exemplars", group="meta-prompt",
+        doc="``\"both_instructions_and_exemplars\"`` (the paper) or ``\"instructions_only\"``.")
+    task_description: str = setting(
+        "", group="meta-prompt",
+        doc="The task words of an ``instructions_only`` meta-prompt, e.g. ``\"grade school math\"``.")
+    max_instruction_chars: int | None = setting(
+        None, group="meta-prompt",
+        doc="Skip proposed instructions longer than this (the authors use 500); None: no limit.")
+    temperature: float = setting(
+        1.0, group="meta-prompt", doc="Sampling temperature of the optimizer model (the authors' 1.0).")
+    max_tokens: int = setting(1024, group="meta-prompt", doc="Maximum tokens of one optimizer reply.")
     # targets
-    predictors: tuple[str, ...] | None = None
+    predictors: Sequence[str] | None = setting(
+        None, group="targets",
+        doc="Names (as in ``program.named_predictors()``) of the predictors to optimize; None: all.")
     # final selection
-    select: Literal["train", "validation"] = "train"
-    top_k: int = 3
-    val_gate: bool = False
-    min_delta: float = 0.0
-    both_orders: bool = False
+    select: Literal["train", "validation"] = setting(
+        "train", group="final selection",
+        doc="""``"train"`` returns the best training score (the paper); ``"validation"`` scores the ``top_k`` best
+        on training on the valset and returns the best validation mean.""")
+    top_k: int = setting(
+        3, group="final selection",
+        doc="Candidates scored on the valset by ``select=\"validation\"`` and ``val_gate``.")
+    val_gate: bool | ValGate = setting(
+        False, group="final selection",
+        doc="""Return the best candidate only if it beats the starting program on the valset (``True``, or
+        ``ValGate(min_delta=...)`` to ask for a margin, in [0, 1]: 0, the default, asks for strictly better);
+        otherwise return the starting program unchanged.""")
     # budget
-    max_metric_calls: int | None = None
-    max_cost: float | None = None
-    racing: bool = False
-    racing_alpha: float = 0.05
+    max_metric_calls: int | None = setting(
+        None, group="budget", kind="continuable",
+        doc="""Budget in evaluations (one program run plus its metric on one example), training and validation
+        together; the run stops cleanly when the next evaluation would exceed it.""")
+    max_cost: float | None = setting(
+        None, group="budget", kind="continuable",
+        doc="Budget in USD, from the recorded cost of both models; the run stops cleanly once reached.")
+    racing: bool | Racing = setting(
+        False, group="budget",
+        doc="""Score each new candidate block by block in one seeded order of the training examples and stop it
+        once a one-sided paired sign test says it is worse than the best at the start of its step. ``True``, or
+        ``Racing(alpha=...)`` for the test's level (the probability of stopping a candidate at least as good as
+        the best; the default 0.05). A stopped candidate is recorded ``raced_out`` with its partial mean, which the
+        meta-prompts show; only fully scored candidates can be returned.""")
     # execution
-    num_threads: int | None = None
-    executor: cf.Executor | None = field(default=None, compare=False)
-    failure_score: float = 0.0
+    num_threads: int | None = setting(
+        None, group="execution", kind="execution",
+        doc="Parallel evaluations (and optimizer calls); None: ``dspy.settings.num_threads`` or 1.")
+    executor: cf.Executor | None = setting(
+        None, group="execution", kind="execution", compare=False,
+        doc="""A ``concurrent.futures.Executor`` to run evaluations on instead of threads (for example
+        ``distributed.Client(...).get_executor()``).""")
+    failure_score: float = setting(
+        0.0, group="execution",
+        doc="The score of a run whose program raised (other than an infrastructure failure).")
     # record
-    log_dir: str | None = None
-    seed: int = 0
-    # observing (shapes no result: kept out of the search settings and the fingerprint)
-    display_progress: bool = True
+    log_dir: str | os.PathLike[str] | None = setting(
+        None, group="record", kind="execution",
+        doc="""Folder for the run record (``state.json``), step reports and the final report; compiling again with
+        the same folder resumes the run.""")
+    seed: int = setting(
+        0, group="record",
+        doc="Seeds exemplar draws and optimizer rollout ids; 0 reproduces the authors' exemplar draws.")
+    # observing
+    display_progress: bool = setting(
+        True, group="observing", kind="execution",
+        doc="""Show a progress bar per scoring phase (as ``dspy.Evaluate``'s switch), on a terminal or in a
+        notebook; output to a file or pipe shows none either way.""")
 
     def __post_init__(self) -> None:
         # Normalise before checking, so that the frozen values are the ones checked.
@@ -133,24 +234,22 @@ class OPROConfig:
 
     def _check(self) -> None:
         metric = self.metric
-        if metric is None and self.judge_model is None:
+        if metric is None:
             raise ValueError(
                 "no metric: pass metric=my_metric (metric(example, prediction, trace=None) -> float in [0, 1]); "
-                "for label-free OPRO pass metric=None with judge_model=<dspy.LM> (your task model may judge itself)"
+                "for label-free OPRO pass metric=dspy_opro.PairwisePreference(judge_model=...)"
             )
-        if metric is not None:
-            if not callable(metric):
-                raise TypeError(f"metric must be callable as metric(example, prediction, trace=None); got {metric!r}")
-            metric_takes_trace(metric)  # refuses a metric that cannot take (example, prediction)
-            if self.judge_model is not None:
-                raise ValueError("judge_model is for label-free OPRO (metric=None); drop it or drop the metric")
-        for name in ("prompt_model", "task_model", "judge_model"):
+        if not callable(metric):
+            raise TypeError(f"metric must be callable as metric(example, prediction, trace=None); got {metric!r}")
+        metric_takes_trace(metric)  # refuses a metric that cannot take (example, prediction)
+        for name in ("prompt_model", "task_model"):
             _check_model(name, getattr(self, name))
         require_int("num_steps", self.num_steps, minimum=0)
         require_int("num_candidates", self.num_candidates, minimum=1)
         require_int("num_exemplars", self.num_exemplars, minimum=0)
-        require_choice("exemplar_selection", self.exemplar_selection, EXEMPLAR_SELECTIONS)
-        require_number("diversity_theta", self.diversity_theta, low=0.0, high=1.0)
+        if not isinstance(self.exemplar_selection, HardDiverse):
+            require_choice("exemplar_selection", self.exemplar_selection, EXEMPLAR_SELECTIONS,
+                           meaning=" or dspy_opro.HardDiverse(theta=...)")
         check_instruction_pos(self.instruction_pos)  # where the program can put the text; A_begin it cannot
         validate_meta_prompt_options(
             optimizer_family=self.optimizer_family, instruction_pos=self.instruction_pos,
@@ -168,20 +267,18 @@ class OPROConfig:
             raise TypeError(f"predictors must be a non-empty list of predictor names; got {predictors!r}")
         require_choice("select", self.select, SELECTIONS)
         require_int("top_k", self.top_k, minimum=1)
-        require_bool("val_gate", self.val_gate)
-        if metric is None and (self.select != "train" or self.val_gate):
+        if not isinstance(self.val_gate, ValGate):
+            require_bool("val_gate", self.val_gate)
+        if self.label_free and (self.select != "train" or self.val_gate):
             raise ValueError(
-                "label-free OPRO (metric=None) selects by its own gate: the best candidate is returned only if its "
-                "mean preference over the starting program on the valset is above 0; drop select and val_gate"
+                "label-free OPRO (metric=PairwisePreference(...)) selects by its own gate: the best candidate is "
+                "returned only if its mean preference over the starting program on the valset is above 0; drop "
+                "select and val_gate"
             )
-        require_number("min_delta", self.min_delta, low=0.0, high=1.0)
-        require_bool("both_orders", self.both_orders)
         require_int("max_metric_calls", self.max_metric_calls, minimum=1, allow_none=True)
         require_number("max_cost", self.max_cost, low=0.0, high=math.inf, allow_none=True)
-        require_bool("racing", self.racing)
-        from dspy_opro.extensions.racing import check_alpha  # racing needs numpy, which `import dspy_opro` must not load
-
-        check_alpha(self.racing_alpha)
+        if not isinstance(self.racing, Racing):
+            require_bool("racing", self.racing)
         require_int("num_threads", self.num_threads, minimum=1, allow_none=True)
         if self.executor is not None and not isinstance(self.executor, cf.Executor):
             raise TypeError(f"executor must be a concurrent.futures.Executor; got {self.executor!r}")
@@ -192,16 +289,66 @@ class OPROConfig:
         require_bool("display_progress", self.display_progress)
 
     # ------------------------------------------------------------------------------------------------------------
+    # What the options mean
 
     @property
     def label_free(self) -> bool:
-        """Label-free OPRO: no metric; candidates are judged against the starting program."""
-        return self.metric is None
+        """Label-free OPRO: the metric judges runs against the starting program's (an anchored metric)."""
+        return isinstance(self.metric, AnchoredMetric)
 
     @property
-    def uses_valset(self) -> bool:
-        """Whether the run reads the valset at all (it then counts in the resume fingerprint)."""
-        return self.select == "validation" or self.val_gate or self.label_free
+    def racing_options(self) -> Racing | None:
+        return Racing() if self.racing is True else (self.racing or None)  # type: ignore[return-value]
+
+    @property
+    def hard_diverse_options(self) -> HardDiverse | None:
+        if isinstance(self.exemplar_selection, HardDiverse):
+            return self.exemplar_selection
+        return HardDiverse() if self.exemplar_selection == "hard_diverse" else None
+
+    @property
+    def val_gate_options(self) -> ValGate | None:
+        return ValGate() if self.val_gate is True else (self.val_gate or None)  # type: ignore[return-value]
+
+    @property
+    def valset_needed_by(self) -> str | None:
+        """The setting that needs a valset, if one does."""
+        if self.val_gate_options is not None:
+            return "val_gate=True"
+        if self.select == "validation":
+            return "select='validation'"
+        return None
+
+    def scoring_policy(self) -> ScoringPolicy | None:
+        """The policy of a step's new candidates' scoring: racing's, or None for the paper's full scoring."""
+        options = self.racing_options
+        if options is None:
+            return None
+        from dspy_opro.extensions.racing import RacingPolicy  # numpy, and only when racing
+
+        return RacingPolicy(alpha=options.alpha, seed=self.seed)
+
+    def exemplar_policy(self) -> ExemplarPolicy:
+        """Which problems the meta-prompts show: the authors' uniform draw, or the hard-and-diverse DPP."""
+        options = self.hard_diverse_options
+        if options is None:
+            return UniformExemplars(criteria=str(self.exemplar_selection), seed=self.seed)
+        from dspy_opro.extensions.hard_diverse import HardDiverseExemplars
+
+        return HardDiverseExemplars(theta=options.theta)
+
+    def selection_policy(self) -> SelectionPolicy:
+        """How the result is chosen: the anchored metric's gate, the validation gate, validation, or training."""
+        if isinstance(self.metric, AnchoredMetric):
+            return self.metric.selection_policy()
+        gate = self.val_gate_options
+        if gate is not None:
+            from dspy_opro.extensions.val_gate import ValGatePolicy
+
+            return ValGatePolicy(top_k=self.top_k, min_delta=gate.min_delta)
+        if self.select == "validation":
+            return OnValidation(top_k=self.top_k)
+        return OnTraining()
 
     def resolve_models(self) -> Models:
         """The run's models: strings become LiteLLM models, ``None`` the LM of ``dspy.configure``."""
@@ -211,58 +358,75 @@ class OPROConfig:
         prompt = resolve_model(self.prompt_model) or dspy.settings.lm
         if prompt is None:
             raise ValueError("no optimizer model: pass prompt_model=... or dspy.configure(lm=...)")
-        return Models(prompt=prompt, task=task, judge=resolve_model(self.judge_model))
+        judge = self.metric.judge_model if isinstance(self.metric, AnchoredMetric) else None
+        return Models(prompt=prompt, task=task, judge=judge)
 
-    def search_settings(self, models: Models, targets: Sequence[str]) -> dict[str, Any]:
-        """The JSON-able settings that shape the search, with the resolved models, targets and metric."""
-        settings = {
-            "initial_instructions": initial_settings(self.initial_instructions),
-            "num_steps": self.num_steps,
-            "num_candidates": self.num_candidates,
-            "num_exemplars": self.num_exemplars,
-            "exemplar_selection": self.exemplar_selection,
-            "diversity_theta": self.diversity_theta,
-            "max_num_instructions": self.max_num_instructions,
-            "score_threshold": self.score_threshold,
-            "num_score_buckets": "inf" if self.num_score_buckets == math.inf else self.num_score_buckets,
-            "optimizer_family": self.optimizer_family,
-            "instruction_pos": self.instruction_pos,
-            "include_qa": self.include_qa,
-            "meta_prompt_type": self.meta_prompt_type,
-            "task_description": self.task_description,
-            "max_instruction_chars": self.max_instruction_chars,
-            "temperature": self.temperature,
-            "max_tokens": self.max_tokens,
-            "predictors": list(self.predictors) if self.predictors is not None else None,
-            "select": self.select,
-            "top_k": self.top_k,
-            "val_gate": self.val_gate,
-            "min_delta": self.min_delta,
-            "label_free": self.label_free,
-            "both_orders": self.both_orders,
-            "failure_score": self.failure_score,
-            "racing": self.racing,
-            "racing_alpha": self.racing_alpha,
-            "seed": self.seed,
-            **models.named(),
-            "targets": list(targets),
-            "metric": callable_fingerprint(self.metric),
-        }
-        return json.loads(json.dumps(settings, default=str))  # numpy numbers and the like as JSON has them
+    # ------------------------------------------------------------------------------------------------------------
+    # What a run records and fingerprints, derived from the fields' kinds
 
     def recorded_settings(self, models: Models, targets: Sequence[str]) -> dict[str, Any]:
-        """What the run record stores as its configuration: the search settings and the budgets."""
-        return {**self.search_settings(models, targets), "max_metric_calls": self.max_metric_calls,
-                "max_cost": self.max_cost}
+        """What the run record stores as its configuration: every search and continuable setting, the resolved
+        model names, the targets and the metric's fingerprint."""
+        settings: dict[str, Any] = {}
+        for spec in dataclasses.fields(self):
+            if spec.metadata["kind"] != "execution":
+                settings[spec.name] = _recorded(spec.name, getattr(self, spec.name))
+        # An option object and its shorthand record alike (racing=True is racing=Racing()).
+        racing, gate, diverse = self.racing_options, self.val_gate_options, self.hard_diverse_options
+        settings["racing"] = dataclasses.asdict(racing) if racing is not None else False
+        settings["val_gate"] = dataclasses.asdict(gate) if gate is not None else False
+        if diverse is not None:
+            settings["exemplar_selection"] = {"hard_diverse": dataclasses.asdict(diverse)}
+        settings.update(models.named())
+        settings["label_free"] = self.label_free
+        settings["targets"] = list(targets)
+        return json.loads(json.dumps(settings, default=str))  # numpy numbers and the like as JSON has them
 
     def fingerprint(self, models: Models, targets: Sequence[str], *, trainset: Sequence[dspy.Example],
                     valset: Sequence[dspy.Example], program: dspy.Module) -> Fingerprint:
         """What decides the run's results; resuming under a different fingerprint is refused."""
-        settings = {key: value for key, value in self.search_settings(models, targets).items()
-                    if key not in CONTINUABLE_SETTINGS}
+        continuable = {spec.name for spec in dataclasses.fields(self) if spec.metadata["kind"] == "continuable"}
+        settings = {key: value for key, value in self.recorded_settings(models, targets).items()
+                    if key not in continuable}
+        uses_valset = self.selection_policy().uses_valset
         return Fingerprint(config=digest(settings), trainset=dataset_fingerprint(trainset),
-                           valset=dataset_fingerprint(valset if self.uses_valset else []),
+                           valset=dataset_fingerprint(valset if uses_valset else []),
                            program=program_fingerprint(program), settings=settings)
 
 
-__all__ = ["CONTINUABLE_SETTINGS", "Models", "OPROConfig", "resolve_model"]
+def _recorded(name: str, value: Any) -> Any:
+    """A setting as the run record stores it (JSON-able)."""
+    if name == "metric":
+        if isinstance(value, AnchoredMetric):  # its settings, not its judge's object identity
+            kind = type(value)
+            return f"{kind.__module__}.{kind.__qualname__}#{digest(value.settings())}"
+        return callable_fingerprint(value)
+    if name in ("prompt_model", "task_model"):
+        return value if isinstance(value, str) or value is None else model_name(value)
+    if name == "initial_instructions":
+        return initial_settings(value)
+    if name == "num_score_buckets" and value == math.inf:
+        return "inf"
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def settings_docstring() -> str:
+    """The constructor's ``Args:`` section, from the fields' documentation, grouped as the constructor is."""
+    lines = ["Args:"]
+    group = None
+    for spec in dataclasses.fields(OPROConfig):
+        if group is not None and spec.metadata["group"] != group:
+            lines.append("")
+        group = spec.metadata["group"]
+        lines.append(f"{spec.name}: {spec.metadata['doc']}")
+    return "\n".join(lines)
+
+
+# Settings that may change between a run and its resumption: budgets stop a run cleanly and a larger one continues
+# it, and a larger num_steps continues a finished run from its last step.
+CONTINUABLE_SETTINGS = tuple(spec.name for spec in dataclasses.fields(OPROConfig)
+                             if spec.metadata["kind"] == "continuable")
+
+__all__ = ["CONTINUABLE_SETTINGS", "Models", "OPROConfig", "model_name", "resolve_model", "settings_docstring"]

@@ -1,19 +1,20 @@
-"""One OPRO compile: the step loop.
+"""One OPRO compile: the step loop, which owns the run record.
 
 :class:`OPRORun` wires one ``compile`` together (the configuration, the checked data, the models, the run record and
-its recorder, the evaluator and the budget) and :meth:`OPRORun.execute` reads as the algorithm does:
+its recorder, the scorer and the budget), and :meth:`OPRORun.execute` reads as the algorithm does:
 
-1. score the program as given, with any ``initial_instructions`` (:mod:`dspy_opro.proposing.initial`), on every training
-   example (step -1); a program that cannot run, or a start that cannot be scored, stops the run before any
-   optimizer call;
+1. score the program as given, with any ``initial_instructions``, on every training example (step -1); a program
+   that cannot run, or a start that cannot be scored, stops the run before any optimizer call;
 2. for every step: pick the predictor (round-robin), draw the exemplars, build the meta-prompt from the predictor's
    history, ask the optimizer for ``num_candidates`` proposals, triage the replies (extract, polish, de-duplicate,
    filter), score the new instructions, record the step;
-3. select what to return (:mod:`dspy_opro.selection`) and return a copy of the program with it.
+3. select what to return (a :class:`~dspy_opro.selection.SelectionPolicy`) and return a copy of the program with it.
 
-Everything else has its own module: the meta-prompt inputs (:mod:`dspy_opro.proposing.step_inputs`), the optimizer calls
-(:mod:`dspy_opro.proposing.optimizer_calls`), triage (:mod:`dspy_opro.proposing.triage`), scoring (:mod:`dspy_opro.scoring.scorer`), the record on
-disk and resuming (:mod:`dspy_opro.record.recorder`), label-free anchors (:mod:`dspy_opro.extensions.label_free`).
+Data flows one way. :mod:`dspy_opro.proposing` builds the step's inputs and proposals; :mod:`dspy_opro.scoring`
+returns the events of each scoring phase (every finished evaluation, then each candidate's outcome), and this loop
+records them: on the candidates, in the journal (:mod:`dspy_opro.record`), in the usage and on the progress bar.
+Nothing below this module imports it. The extensions come in through the policies the configuration builds and
+through the metric (label-free OPRO's :class:`~dspy_opro.scoring.evaluation.AnchoredMetric`).
 """
 
 from __future__ import annotations
@@ -25,24 +26,37 @@ from typing import Any, Literal
 
 import dspy
 
-from dspy_opro import selection
 from dspy_opro.compat import mark_compiled, user_stacklevel
 from dspy_opro.config import OPROConfig
-from dspy_opro.task.data import RunData
-from dspy_opro.errors import OPRORunError, ProgramError, check_model_ready
-from dspy_opro.scoring.evaluation import ExampleResult, metric_takes_trace
+from dspy_opro.errors import FatalLMError, MetricError, OPRORunError, ProgramError, check_model_ready
 from dspy_opro.proposing.initial import initial_by_predictor, initial_candidates
 from dspy_opro.proposing.meta_prompt import gen_meta_prompt, instruction_md5
-from dspy_opro.task.placement import AFTER_INPUTS
-from dspy_opro.task.programs import predictor_map, read_instructions, with_instructions
-from dspy_opro.record.progress import Progress, evaluations_due, import_litellm_announced, phase_name
 from dspy_opro.proposing.optimizer_calls import honours_n, propose
-from dspy_opro.record.recorder import RunRecorder
-from dspy_opro.scoring.scorer import LM_FAILURES, Budget, CandidateScorer, Evaluator
-from dspy_opro.record.state import START_ID, Candidate, ModelUsage, Reply, RunState, Step, digest, ranked_candidates
 from dspy_opro.proposing.step_inputs import ExemplarPicker, predictor_history
 from dspy_opro.proposing.triage import triage_replies
+from dspy_opro.record.progress import Progress, evaluations_due, import_litellm_announced, phase_name
+from dspy_opro.record.recorder import RunRecorder
+from dspy_opro.record.state import (
+    START_ID,
+    Candidate,
+    CandidateStatus,
+    Fingerprint,
+    ModelUsage,
+    Reply,
+    RunState,
+    Split,
+    Step,
+    digest,
+    ranked_candidates,
+    record_result,
+)
+from dspy_opro.scoring.evaluation import AnchoredMetric, ExampleResult, metric_takes_trace
+from dspy_opro.scoring.evaluator import Budget, Evaluator
+from dspy_opro.scoring.scorer import CandidateOutcome, CandidateScorer, EvaluationSetup, ScoringEvent
 from dspy_opro.scoring.usage import roll_up, token_prices
+from dspy_opro.task.data import RunData
+from dspy_opro.task.placement import AFTER_INPUTS
+from dspy_opro.task.programs import predictor_map, read_instructions
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +76,12 @@ class OPRORun:
     def __init__(self, config: OPROConfig, student: dspy.Module, trainset: Sequence[Any],
                  valset: Sequence[Any] | None):
         self.config = config
-        self.data = RunData.build(config, student, trainset, valset)
+        metric = config.metric
+        self.anchored: AnchoredMetric | None = metric if isinstance(metric, AnchoredMetric) else None
+        self.selection = config.selection_policy()
+        self.data = RunData.build(student, trainset, valset, predictors=config.predictors,
+                                  label_free=self.anchored is not None, valset_needed_by=config.valset_needed_by,
+                                  num_exemplars=config.num_exemplars, max_metric_calls=config.max_metric_calls)
         self.initial = initial_by_predictor(config.initial_instructions, targets=self.data.targets,
                                             all_predictors=list(predictor_map(student)))
         self.models = config.resolve_models()
@@ -71,43 +90,43 @@ class OPRORun:
         for role, lm in roles:
             if lm is not None:
                 check_model_ready(lm, role)
-        self.recorder = RunRecorder(config)
+        self.recorder = RunRecorder(config.log_dir, num_steps=config.num_steps,
+                                    max_metric_calls=config.max_metric_calls, max_cost=config.max_cost)
         self.ignores_n: set[str] = set()  # optimizer models seen answering an n request with fewer choices
         self.num_threads = config.num_threads or dspy.settings.get("num_threads") or 1
         self.base = student.deepcopy()
-        self.settings: dict[str, Any] = {"lm": self.models.task}
+        settings: dict[str, Any] = {"lm": self.models.task}
         if dspy.settings.adapter is not None:
-            self.settings["adapter"] = dspy.settings.adapter
+            settings["adapter"] = dspy.settings.adapter
         self.caller_tracker = dspy.settings.usage_tracker  # usage is rolled up into the caller's track_usage()
-        self.exemplars = ExemplarPicker(config, self.data)
+        self.exemplars = ExemplarPicker(policy=config.exemplar_policy(), data=self.data,
+                                        num_exemplars=config.num_exemplars)
 
         fingerprint = config.fingerprint(self.models, self.data.targets, trainset=self.data.trainset,
                                          valset=self.data.valset, program=self.base)
-        self.state = self.recorder.open(fingerprint, lambda: self._new_record(fingerprint))
-        state = self.state
+        saved = self.recorder.open(fingerprint)
+        self.state = saved if saved is not None else self._new_record(fingerprint)
         try:
-            self.anchors = None
-            if config.label_free:
-                from dspy_opro.extensions.label_free import AnchorPreferenceMetric, Anchors
-
-                metric: Any = AnchorPreferenceMetric(judge_lm=self.models.judge, both_orders=config.both_orders)
-                self.anchors = Anchors(state, self.data, metric)
-            else:
-                metric = config.metric
+            if self.anchored is not None:  # a resumed run judges against the anchors it recorded
+                for key, text in self.state.anchors.items():
+                    split, index = key.split(":")
+                    self.anchored.add_anchor(self.data.examples(_split(split))[int(index)], text)
             self.evaluator = Evaluator(num_threads=self.num_threads, executor=config.executor)
-            self.budget = Budget(config.max_metric_calls, config.max_cost, metric_calls=state.metric_calls,
-                                 cost_so_far=lambda: state.usage.total_cost)
-            self.scorer = CandidateScorer(
-                config=config, data=self.data, state=state, models=self.models, evaluator=self.evaluator,
-                budget=self.budget, program_for=self._program, metric=metric,
-                metric_takes_trace=metric_takes_trace(metric), settings=self.settings, on_usage=self._record_usage,
-                on_result=self._on_result, on_finished=lambda candidate: self._show_best())
+            self.budget = Budget(config.max_metric_calls, config.max_cost, self.state)
+            setup = EvaluationSetup(
+                data=self.data, base=self.base, instruction_pos=config.instruction_pos, metric=metric,
+                metric_takes_trace=metric_takes_trace(metric), settings=settings, failure_score=config.failure_score,
+                anchor_metric=self.anchored.anchor_metric() if self.anchored is not None else None)
+            self.setup = setup
+            self.scorer = CandidateScorer(setup=setup, evaluator=self.evaluator, budget=self.budget,
+                                          policy=config.scoring_policy())
         except BaseException:
             self.recorder.close()
             raise
         self.progress = Progress(display=config.display_progress)
+        self._warned: set[tuple[str, int]] = set()  # (split, candidate id) whose program errors were logged
 
-    def _new_record(self, fingerprint: Any) -> RunState:
+    def _new_record(self, fingerprint: Fingerprint) -> RunState:
         """A fresh run record: the program as given is candidate 0, its initial instructions follow (all step -1)."""
         targets = self.data.targets
         state = RunState(fingerprint=fingerprint, config=self.config.recorded_settings(self.models, targets),
@@ -118,9 +137,6 @@ class OPRORun:
         state.candidates += initial_candidates(self.initial, start=start, first_id=START_ID + 1,
                                                n_train=len(self.data.trainset))
         return state
-
-    def _program(self, candidate: Candidate) -> dspy.Module:
-        return with_instructions(self.base, candidate.instructions, instruction_pos=self.config.instruction_pos)
 
     # ------------------------------------------------------------------------------------------------------------
     # The run
@@ -156,12 +172,9 @@ class OPRORun:
     def _announce(self) -> None:
         config, n_train, n_val = self.config, len(self.data.trainset), len(self.data.valset)
         planned = n_train * (1 + config.num_steps * config.num_candidates)
-        planned += n_train * sum(c.step == -1 and c.predictor is not None and c.status != "skipped"
+        planned += n_train * sum(c.step == -1 and c.predictor is not None and c.status != CandidateStatus.SKIPPED
                                  for c in self.state.candidates)  # initial instructions
-        if config.select == "validation" or config.val_gate:
-            planned += n_val * (config.top_k + (1 if config.val_gate else 0))
-        elif config.label_free and n_val:
-            planned += 2 * n_val
+        planned += self.selection.planned_evaluations(n_val)
         if config.max_metric_calls is not None:
             planned = min(planned, config.max_metric_calls)
         requests = config.num_steps * (1 if honours_n(self.models.prompt, self.ignores_n) else config.num_candidates)
@@ -188,27 +201,6 @@ class OPRORun:
         self.state.status = "stopped"
         self.state.stop_reason = reason
 
-    def _score(self, candidates: list[Candidate], split: str, *, race_against: int | None = None) -> None:
-        self._show_best()
-        budget = self.budget
-        remaining = None if budget.max_metric_calls is None else budget.max_metric_calls - budget.metric_calls
-        self.progress.start_phase(phase_name(candidates, split, label_free=self.config.label_free),
-                                  evaluations_due(candidates, split, n_examples=len(self.data.examples(split)),
-                                                  remaining_budget=remaining))
-        best = self.state.candidates[race_against] if race_against is not None else None
-        try:
-            stop_reason = self.scorer.score(candidates, split, race_against=best)
-        finally:
-            self.progress.end_phase()
-        if stop_reason is not None:
-            self._stop(stop_reason)
-            self._save()
-
-    def _show_best(self) -> None:
-        best = self.state.best()
-        val = [c.val_score for c in self.state.candidates if c.val_score is not None]
-        self.progress.set_best(best.score if best is not None else None, max(val, default=None))
-
     def _score_start(self) -> None:
         """Score the program as given and its initial instructions (step -1) on every training example.
 
@@ -219,19 +211,19 @@ class OPRORun:
         start = self.state.candidates[START_ID]
         initial = [c for c in self.state.candidates if c.step == -1]  # the start first
         n_train = len(self.data.trainset)
-        pending = [c for c in initial if c.status == "pending"]
+        pending = [c for c in initial if c.status == CandidateStatus.PENDING]
         if pending:
             logger.info("Step -1: scoring the program as given%s on %d training examples",
                         f" and {len(initial) - 1} initial instructions" if len(initial) > 1 else "", n_train)
             self._score_initial(pending)
-            retry = [c for c in initial if c.status == "unscored" and (c.reason or "").startswith(LM_FAILURES)]
+            retry = [c for c in initial if c.status == CandidateStatus.UNSCORED]
             if retry:
                 logger.warning("Step -1: candidates %s are unscored (%s); trying those examples once more",
                                [c.id for c in retry], retry[0].reason)
                 for candidate in retry:
-                    candidate.status, candidate.reason = "pending", None
+                    candidate.status, candidate.reason = CandidateStatus.PENDING, None
                 self._score_initial(retry)
-        if start.status != "scored":
+        if start.status != CandidateStatus.SCORED:
             raise OPRORunError(
                 f"the program as given could not be scored on every training example ({start.reason}), and every "
                 "meta-prompt must show its instruction with its score. Fix the cause (the task model's provider, "
@@ -244,12 +236,12 @@ class OPRORun:
                 f"{first.error}. No instruction can do better than a program that cannot run: fix the program "
                 "(call it on one training example to see the traceback) and compile again."
             )
-        logger.info("Step -1: training score %.1f", 100 * start.score)
+        logger.info("Step -1: training score %.1f", 100 * (start.score or 0.0))
         for candidate in initial[1:]:
-            if candidate.status == "scored":
+            if candidate.status == CandidateStatus.SCORED:
                 logger.info("Step -1: initial instruction %d for %r: training score %.1f", candidate.id,
-                            candidate.predictor, 100 * candidate.score)
-            elif candidate.status == "unscored":
+                            candidate.predictor, 100 * (candidate.score or 0.0))
+            elif candidate.status == CandidateStatus.UNSCORED:
                 logger.warning("Step -1: initial instruction %d for %r is unscored (%s); the run goes on without it",
                                candidate.id, candidate.predictor, candidate.reason)
 
@@ -257,26 +249,23 @@ class OPRORun:
         """One scoring phase for step -1 candidates, all in parallel; label-free runs score the start first, since
         its runs are the anchors the other candidates are judged against."""
         start = self.state.candidates[START_ID]
-        if self.anchors is not None and start in candidates and len(candidates) > 1:
+        if self.anchored is not None and start in candidates and len(candidates) > 1:
             self._score([start], "train")
-            candidates = [c for c in candidates if c is not start] if start.status == "scored" else []
+            candidates = [c for c in candidates if c is not start] if start.status == CandidateStatus.SCORED else []
         if candidates and self.state.status != "stopped":
             self._score(candidates, "train")
 
     def _score_pending_of_finished_steps(self) -> None:
         steps = self.state.steps
         pending = [c for c in self.state.candidates
-                   if c.status == "pending" and 0 <= c.step < len(steps) and steps[c.step].complete]
-        if pending:
-            logger.info("Scoring %d candidates again that LM failures left unscored before the run stopped",
-                        len(pending))
-            if not self.config.racing:
-                self._score(pending, "train")
-                return
-            for step in sorted({c.step for c in pending}):  # each step's candidates race that step's best
-                if self.state.status == "stopped":
-                    break
-                self._score([c for c in pending if c.step == step], "train", race_against=steps[step].race_against)
+                   if c.status == CandidateStatus.PENDING and 0 <= c.step < len(steps) and steps[c.step].complete]
+        if not pending:
+            return
+        logger.info("Scoring %d candidates again that LM failures left unscored before the run stopped", len(pending))
+        for step in sorted({c.step for c in pending}):  # each step's candidates against that step's baseline
+            if self.state.status == "stopped":
+                break
+            self._score([c for c in pending if c.step == step], "train", baseline=self._baseline(steps[step]))
 
     def _run_step(self, step: int) -> None:
         state, config = self.state, self.config
@@ -305,19 +294,23 @@ class OPRORun:
             state.steps.append(record)
             self._save()
             self._check_empty_steps()
-        new = [c for c in state.candidates if c.step == step and c.status == "pending"]
+        new = [c for c in state.candidates if c.step == step and c.status == CandidateStatus.PENDING]
         fates = [reply.fate for reply in record.replies]
         logger.info("Step %d: %d replies, %d new, %d duplicates, %d skipped, %d failed calls", step, len(fates),
                     fates.count("new"), fates.count("duplicate"),
                     len(fates) - fates.count("new") - fates.count("duplicate"), record.failed_calls)
-        self._score(new, "train", race_against=record.race_against)
+        self._score(new, "train", baseline=self._baseline(record))
         best = state.best()
         record.best_score = best.score if best is not None else None
         record.complete = state.status != "stopped"
         self._save()
         self.recorder.write_step_report(state, step)
         if best is not None:
-            logger.info("Step %d: best training score so far %.1f", step, 100 * best.score)
+            logger.info("Step %d: best training score so far %.1f", step, 100 * (best.score or 0.0))
+
+    def _baseline(self, record: Step) -> Candidate | None:
+        """The candidate a step's new candidates are scored against (racing), fixed when the step began."""
+        return self.state.candidates[record.race_against] if record.race_against is not None else None
 
     def _check_empty_steps(self) -> None:
         empty = 0
@@ -343,32 +336,131 @@ class OPRORun:
                                       instruction_pos=config.instruction_pos, meta_prompt_type=config.meta_prompt_type,
                                       max_instruction_chars=config.max_instruction_chars):
             text, instruction, fate, reason = verdict.text, verdict.instruction, verdict.fate, verdict.reason
-            if instruction is None or fate == "duplicate":
+            if instruction is None or verdict.md5 is None or fate == "duplicate":
                 record.replies.append(Reply(text=text, instruction=instruction, fate=fate,
                                             candidate_id=seen.get(verdict.md5) if verdict.md5 else None))
                 continue
+            status = CandidateStatus.SKIPPED if reason else CandidateStatus.PENDING
             candidate = Candidate(id=len(state.candidates), step=record.step, predictor=predictor,
                                   instruction=instruction, instructions={**best.instructions, predictor: instruction},
-                                  md5=verdict.md5, status="skipped" if reason else "pending", reason=reason,
+                                  md5=verdict.md5, status=status, reason=reason,
                                   scores=[] if reason else [None] * len(self.data.trainset))
             state.candidates.append(candidate)
             seen[verdict.md5] = candidate.id
             record.replies.append(Reply(text=text, instruction=instruction, fate=fate, candidate_id=candidate.id))
 
     # ------------------------------------------------------------------------------------------------------------
-    # Recording
+    # Scoring and recording what it returns
 
-    def _on_result(self, candidate: Candidate, result: ExampleResult) -> None:
-        """Every evaluation, before its result is stored: progress, the label-free anchor, the journal."""
+    def _score(self, candidates: list[Candidate], split: Split, *, baseline: Candidate | None = None) -> None:
+        """One scoring phase: every event the scorer returns is recorded as it arrives."""
+        self._show_best()
+        n = len(self.data.examples(split))
+        if split == "val":
+            for candidate in candidates:
+                if candidate.val_scores is None:
+                    candidate.val_scores = [None] * n
+        self.progress.start_phase(phase_name(candidates, split, label_free=self.anchored is not None),
+                                  evaluations_due(candidates, split, n_examples=n,
+                                                  remaining_budget=self.budget.remaining_calls()))
+        phase = self.scorer.score(candidates, split, baseline=baseline)
+        try:
+            for event in phase:
+                self._record(event)
+        finally:
+            self.progress.end_phase()
+        if phase.stop_reason is not None:
+            self._stop(phase.stop_reason)
+            self._save()
+
+    def _record(self, event: ScoringEvent) -> None:
+        if isinstance(event, CandidateOutcome):
+            self._record_outcome(event)
+        else:
+            self._record_result(event)
+
+    def _record_result(self, result: ExampleResult) -> None:
+        """One finished evaluation: its usage, the run's count, the journal, then the candidate.
+
+        A fatal LM error or a broken metric stops the run here (``execute`` saves what was paid for).
+        """
+        state = self.state
+        candidate = state.candidates[result.candidate_id]
+        self._record_usage("task", result.usage)
+        if result.outcome == "fatal":
+            role, model = self._failing_model(result)
+            raise FatalLMError(f"the {role} {model!r} failed in a way no retry can fix on "
+                               f"{self._describe_failure(result)}. Check its API key (or environment variable), "
+                               "permissions, billing and model name.")
+        state.metric_calls += 1  # the one count of evaluations that ran (a fatal one did not)
+        if result.outcome == "metric_error":
+            raise MetricError(f"the metric failed on {self._describe_failure(result)}. Fix the metric: it must "
+                              "return a float in [0, 1], a bool, or dspy.Prediction(score=..., feedback=...).")
         self.progress.advance()
-        anchor = None
-        if self.anchors is not None and candidate.id == START_ID and result.outcome != "infra":
-            anchor = self.anchors.store(result)  # an outage is no trajectory: the start is scored again instead
-        self.recorder.journal(candidate, result, anchor)
+        if result.anchor is not None and self.anchored is not None:
+            state.anchors[f"{result.split}:{result.index}"] = result.anchor
+            self.anchored.add_anchor(self.data.examples(_split(result.split))[result.index], result.anchor)
+        self.recorder.journal(candidate, index=result.index, split=result.split, outcome=result.outcome,
+                              score=result.score, error=result.error, answer=result.answer, usage=result.usage,
+                              anchor=result.anchor)
+        record_result(candidate, index=result.index, split=result.split, outcome=result.outcome, score=result.score,
+                      error=result.error, answer=result.answer)
+
+    def _record_outcome(self, outcome: CandidateOutcome) -> None:
+        """A candidate whose scoring on a split ended: its status and mean, or why it has none."""
+        candidate = self.state.candidates[outcome.candidate_id]
+        self._warn_program_errors(candidate, outcome.split)
+        if outcome.split == "val":
+            candidate.val_score = outcome.score
+        else:
+            assert outcome.status is not None
+            candidate.status, candidate.score, candidate.reason = outcome.status, outcome.score, outcome.reason
+            if outcome.race is not None:
+                candidate.race = outcome.race
+            candidate.failed.sort()
+            if outcome.status == CandidateStatus.RACED_OUT:
+                logger.info("Candidate %d %s (partial mean %.1f)", candidate.id, candidate.reason,
+                            100 * (candidate.score or 0.0))
+            elif outcome.status == CandidateStatus.UNSCORED:
+                logger.info("Candidate %d unscored: %s", candidate.id, candidate.reason)
+        self._show_best()
+
+    def _failing_model(self, result: ExampleResult) -> tuple[str, str]:
+        """Which model a fatal error came from: the task model, the label-free judge, or the metric's own LM."""
+        if result.stage == "program":
+            return "task model", getattr(self.models.task, "model", repr(self.models.task))
+        if self.anchored is not None:
+            judge = self.models.judge or self.models.task
+            return "judge model", getattr(judge, "model", repr(judge))
+        return "model inside the metric", result.model or "unknown"
+
+    def _describe_failure(self, result: ExampleResult) -> str:
+        """A one-line description of a stopping failure that names the example."""
+        example = self.data.examples(_split(result.split))[result.index]
+        shown = repr({key: example[key] for key in example.inputs().keys()})
+        if len(shown) > 200:
+            shown = shown[:200] + "..."
+        return f"training/validation example {result.index} ({shown}): {result.error}"
+
+    def _warn_program_errors(self, candidate: Candidate, split: Split) -> None:
+        """One WARNING per candidate and split whose program raised: how often, and the first error."""
+        errors = [e for e in candidate.errors if e.split == split]
+        if not errors or (split, candidate.id) in self._warned:
+            return
+        self._warned.add((split, candidate.id))
+        first = errors[0]
+        logger.warning("Candidate %d: the program raised on %d %s evaluations (%d distinct errors); first, on "
+                       "example %d: %s", candidate.id, sum(e.count for e in errors),
+                       "training" if split == "train" else "validation", len(errors), first.example, first.error)
 
     def _record_usage(self, role: Literal["optimizer", "task"], usage: dict[str, ModelUsage]) -> None:
         self.state.usage.record(role, usage)
         roll_up(self.caller_tracker, usage)
+
+    def _show_best(self) -> None:
+        best = self.state.best()
+        val = [c.val_score for c in self.state.candidates if c.val_score is not None]
+        self.progress.set_best(best.score if best is not None else None, max(val, default=None))
 
     def _save(self) -> None:
         self.recorder.save(self.state)
@@ -377,41 +469,28 @@ class OPRORun:
     # Final selection and output
 
     def _select(self) -> None:
-        state, config = self.state, self.config
-        best = state.best()
-        if best is None:
+        state = self.state
+        if state.best() is None:
             raise OPRORunError("no candidate could be scored, not even the program as given; see the run record")
-        if config.label_free:
-            state.selection = selection.label_free_gate(best, *self._label_free_gate_score(best))
-        elif config.select == "validation" or config.val_gate:
-            self._score(selection.validation_contenders(state, top_k=config.top_k, val_gate=config.val_gate), "val")
-            state.start_val_score = state.candidates[START_ID].val_score
-            state.selection = selection.on_validation(state, best, top_k=config.top_k, val_gate=config.val_gate,
-                                                      min_delta=config.min_delta)
-        else:
-            state.selection = selection.on_training(best)
+        has_valset = bool(self.data.valset)
+        for group in self.selection.validation_phases(state, has_valset=has_valset):
+            if group and state.status != "stopped":
+                self._score(group, "val")
+        start = state.candidates[START_ID]
+        if start.val_score is not None:
+            state.start_val_score = start.val_score
+        state.selection = self.selection.decide(state, has_valset=has_valset)
         if state.status != "stopped":
             state.status = "finished"
         logger.info("OPRO selected candidate %d (%s)", state.selection.candidate_id, state.selection.reason)
 
-    def _label_free_gate_score(self, best: Candidate) -> tuple[float | None, str]:
-        """The best candidate's score for the label-free gate: on the valset when there is one."""
-        if best.id == START_ID:
-            return best.score, "training"
-        if not self.data.valset:
-            warnings.warn("label-free OPRO without a valset gates on the training examples, which the search "
-                          "already selected on; pass a valset for an unbiased gate", stacklevel=user_stacklevel())
-            return best.score, "training"
-        self._score([self.state.candidates[START_ID]], "val")  # runs the starting program: the validation anchors
-        self._score([best], "val")
-        return best.val_score, "validation"
-
     def _result(self) -> dspy.Module:
         state = self.state
-        program = self._program(state.candidates[state.selection.candidate_id])
+        assert state.selection is not None
+        program = self.setup.program(state.candidates[state.selection.candidate_id])
         program.candidate_programs = [
-            {"score": c.score, "program": self._program(c), "instructions": dict(c.instructions), "step": c.step,
-             "val_score": c.val_score}
+            {"score": c.score, "program": self.setup.program(c), "instructions": dict(c.instructions),
+             "step": c.step, "val_score": c.val_score}
             for c in ranked_candidates(state.candidates)
         ]
         program.opro_run = state
@@ -421,6 +500,10 @@ class OPRORun:
                            "extra input field, which DSPy's JSON save (program.save('x.json')) does not keep; save it "
                            "with program.save(folder, save_program=True) to keep it", self.config.instruction_pos)
         return program
+
+
+def _split(name: str) -> Split:
+    return "val" if name == "val" else "train"
 
 
 __all__ = ["OPRORun"]

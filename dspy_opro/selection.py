@@ -1,72 +1,108 @@
-"""Which candidate a finished OPRO search returns, and why: pure decisions over the run record.
+"""Which candidate a finished OPRO search returns, and why: selection policies over the run record.
 
-The paper returns the best training score. Training scores are optimistic (the search selected on them), so two
-options look at held-out data: ``select="validation"`` returns the best validation mean among the ``top_k`` on
-training, and ``val_gate`` returns that candidate only if it beats the starting program on the valset by more than
-``min_delta``. Label-free OPRO gates the same way on its preference scale: the best candidate must be preferred
-over the starting program, on average, by more than 0. The run scores what these functions ask for on the valset;
-they only decide.
+The paper returns the best training score (:class:`OnTraining`). Training scores are optimistic (the search selected
+on them), so :class:`OnValidation` (``select="validation"``) scores the ``top_k`` best on training on the valset and
+returns the best validation mean. The extensions add two more policies: the validation gate
+(:mod:`dspy_opro.extensions.val_gate`) and the label-free gate (:mod:`dspy_opro.extensions.label_free`).
+
+A :class:`SelectionPolicy` says which candidates the run scores on the valset, in which order
+(:meth:`~SelectionPolicy.validation_phases`), and then decides from the record (:meth:`~SelectionPolicy.decide`);
+the run does the scoring. This module imports only the record's models.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from dspy_opro.record.state import START_ID, Candidate, RunState, Selection, ranked_candidates
+
+
+class SelectionPolicy(Protocol):
+    """How the run chooses what ``compile`` returns."""
+
+    uses_valset: bool
+    """Whether it reads the valset (the valset then counts in the resume fingerprint)."""
+
+    def planned_evaluations(self, n_val: int) -> int:
+        """At most how many validation evaluations it asks for, with ``n_val`` validation examples."""
+        ...
+
+    def validation_phases(self, state: RunState, *, has_valset: bool) -> list[list[Candidate]]:
+        """The groups of candidates to score on the valset, one scoring phase each, in order."""
+        ...
+
+    def decide(self, state: RunState, *, has_valset: bool) -> Selection:
+        """The selection, once the phases were scored (as far as the budget allowed)."""
+        ...
+
+
+def _best(state: RunState) -> Candidate:
+    best = state.best()
+    if best is None:
+        raise ValueError("no candidate is scored, so there is nothing to select")
+    return best
+
+
+class OnTraining:
+    """The paper's choice: the best training score."""
+
+    uses_valset = False
+
+    def planned_evaluations(self, n_val: int) -> int:
+        return 0
+
+    def validation_phases(self, state: RunState, *, has_valset: bool) -> list[list[Candidate]]:
+        return []
+
+    def decide(self, state: RunState, *, has_valset: bool) -> Selection:
+        return on_training(_best(state))
+
+
+class OnValidation:
+    """The best validation mean of the ``top_k`` best on training (``select="validation"``).
+
+    Args:
+        top_k: How many of the best on training are scored on the valset.
+    """
+
+    uses_valset = True
+
+    def __init__(self, *, top_k: int):
+        self.top_k = top_k
+
+    def planned_evaluations(self, n_val: int) -> int:
+        return self.top_k * n_val
+
+    def validation_phases(self, state: RunState, *, has_valset: bool) -> list[list[Candidate]]:
+        return [ranked_candidates(state.candidates)[: self.top_k]]
+
+    def decide(self, state: RunState, *, has_valset: bool) -> Selection:
+        best = _best(state)
+        contenders = ranked_candidates(state.candidates)[: self.top_k]
+        if any(c.val_score is None for c in contenders):
+            return Selection(candidate_id=best.id, selected_by="train",
+                             reason="validation could not be completed (budget or LM failures); fell back to the best "
+                                    f"training score {100 * (best.score or 0.0):.1f}")
+        winner = best_on_validation(contenders)
+        return Selection(candidate_id=winner.id, selected_by="validation",
+                         reason=f"best validation score {100 * (winner.val_score or 0.0):.1f} of the top "
+                                f"{len(contenders)} on training")
 
 
 def on_training(best: Candidate) -> Selection:
     """The paper's choice: the best training score."""
-    return Selection(candidate_id=best.id, selected_by="train", reason=f"best training score {100 * best.score:.1f}")
+    return Selection(candidate_id=best.id, selected_by="train",
+                     reason=f"best training score {100 * (best.score or 0.0):.1f}")
 
 
-def validation_contenders(state: RunState, *, top_k: int, val_gate: bool) -> list[Candidate]:
-    """The ``top_k`` best on training (earliest first among ties), plus the starting program for the gate."""
-    contenders = ranked_candidates(state.candidates)[:top_k]
-    start = state.candidates[START_ID]
-    if val_gate and start not in contenders:
-        contenders.append(start)
-    return contenders
+def best_on_validation(contenders: list[Candidate]) -> Candidate:
+    """The best validation mean; ``max`` keeps the first (the best on training) among ties."""
+    return max(contenders, key=lambda c: c.val_score if c.val_score is not None else -1.0)
 
 
-def on_validation(state: RunState, best: Candidate, *, top_k: int, val_gate: bool, min_delta: float) -> Selection:
-    """Decide after :func:`validation_contenders` were scored on the valset (as far as the budget allowed)."""
-    contenders = validation_contenders(state, top_k=top_k, val_gate=val_gate)
-    start = state.candidates[START_ID]
-    if any(c.val_score is None for c in contenders):
-        if val_gate:  # the gate could not check the candidate: keep the program as it was
-            return Selection(candidate_id=START_ID, selected_by="start",
-                             reason="validation could not be completed (budget or LM failures), so the gate could not "
-                                    "pass a candidate; returning the program unchanged")
-        return Selection(candidate_id=best.id, selected_by="train",
-                         reason="validation could not be completed (budget or LM failures); fell back to the best "
-                                f"training score {100 * best.score:.1f}")
-    ranked = contenders[:top_k]
-    winner = max(ranked, key=lambda c: c.val_score)  # max keeps the first (best on training) among ties
-    if not val_gate:
-        return Selection(candidate_id=winner.id, selected_by="validation",
-                         reason=f"best validation score {100 * winner.val_score:.1f} of the top {len(ranked)} on "
-                                "training")
-    if winner.id != START_ID and winner.val_score > start.val_score + min_delta:
-        return Selection(candidate_id=winner.id, selected_by="val_gate",
-                         reason=f"validation {100 * winner.val_score:.1f} beats the starting program's "
-                                f"{100 * start.val_score:.1f} by more than min_delta={min_delta}")
-    return Selection(candidate_id=START_ID, selected_by="start",
-                     reason=f"the best candidate's validation {100 * winner.val_score:.1f} does not beat the starting "
-                            f"program's {100 * start.val_score:.1f} by more than min_delta={min_delta}; returning "
-                            "the program unchanged")
+def start_of(state: RunState) -> Candidate:
+    """The program as given (candidate 0)."""
+    return state.candidates[START_ID]
 
 
-def label_free_gate(best: Candidate, gate_score: float | None, where: str) -> Selection:
-    """Accept ``best`` only if its mean preference over the starting program (``20 * score - 10``) is above 0."""
-    if best.id == START_ID:
-        return Selection(candidate_id=START_ID, selected_by="start",
-                         reason="no candidate was preferred over the starting program on training")
-    if gate_score is None:
-        return Selection(candidate_id=START_ID, selected_by="start",
-                         reason="the gate could not be evaluated (budget or LM failures)")
-    mean_preference = 20 * gate_score - 10
-    if mean_preference > 0:
-        return Selection(candidate_id=best.id, selected_by="val_gate",
-                         reason=f"mean {where} preference {mean_preference:+.2f} over the starting program is above 0")
-    return Selection(candidate_id=START_ID, selected_by="start",
-                     reason=f"mean {where} preference {mean_preference:+.2f} over the starting program is not above "
-                            "0; returning the program unchanged")
+__all__ = ["OnTraining", "OnValidation", "SelectionPolicy", "best_on_validation", "on_training", "start_of"]

@@ -13,6 +13,9 @@ In a program with several predictors, each step optimizes one of them, round-rob
 instructions found so far. The meta-prompt text, reply parsing, polishing and de-duplication are the authors' own,
 ported byte for byte in :mod:`dspy_opro.proposing.meta_prompt` and checked against their outputs.
 
+The constructor's arguments are the fields of :class:`~dspy_opro.config.OPROConfig`, the one source of the
+settings: their documentation below is that of the fields (a test keeps the two equal).
+
 Example:
     ```python
     optimizer = OPROTeleprompter(metric=my_metric, prompt_model="openai/gpt-4o")
@@ -31,7 +34,9 @@ from typing import Any, Literal
 import dspy
 from dspy.teleprompt import Teleprompter
 
+from dspy_opro.compat import logging_through_dspy
 from dspy_opro.config import ExemplarSelection, OPROConfig
+from dspy_opro.extensions import HardDiverse, Racing, ValGate
 
 
 class OPROTeleprompter(Teleprompter):
@@ -39,39 +44,37 @@ class OPROTeleprompter(Teleprompter):
 
     Args:
         metric: ``metric(example, prediction, trace=None)`` or ``metric(example, prediction)`` (as for
-            ``dspy.Evaluate``; ``trace`` is passed only where the metric takes it) returning a float in [0, 1], a
-            bool, or a ``dspy.Prediction(score=..., feedback=...)``. ``None`` selects label-free OPRO, which needs
-            ``judge_model``.
+            ``dspy.Evaluate``; ``trace`` is passed only where the metric takes it) returning a float in [0, 1], a bool,
+            or a ``dspy.Prediction(score=..., feedback=...)``. For label-free OPRO (no labels, no metric) pass
+            ``dspy_opro.PairwisePreference(judge_model=...)``.
 
-        prompt_model: The optimizer model: a ``dspy.LM`` or a LiteLLM model string (which becomes
-            ``dspy.LM(model, engine="litellm")``). ``None``: ``dspy.settings.lm``.
-        task_model: The model that runs the program while scoring: a ``dspy.LM`` or a LiteLLM model string.
-            ``None``: ``dspy.settings.lm``.
-        judge_model: Label-free OPRO only (``metric=None``): the model (``dspy.LM`` or LiteLLM model string)
-            that compares a candidate's
-            trajectories with the starting program's. Pass the task model to let it judge itself.
+        prompt_model: The optimizer model: a ``dspy.LM`` or a LiteLLM model string (which becomes ``dspy.LM(model,
+            engine="litellm")``). ``None``: ``dspy.settings.lm``.
+        task_model: The model that runs the program while scoring: a ``dspy.LM`` or a LiteLLM model string. ``None``:
+            ``dspy.settings.lm``.
 
-        initial_instructions: Extra starting instructions, scored on the training set at step -1 beside the
-            program's own (the authors' list of initial instructions): each enters the meta-prompt history with its
-            score and can be selected like any candidate. A list is for a program with one target predictor; with
-            several, a mapping ``{predictor name: [instructions]}``. A repeat of the predictor's own instruction or
-            of an earlier text is recorded as skipped, not scored. None: only the program's own.
+        initial_instructions: Extra starting instructions, scored on the training set at step -1 beside the program's
+            own (the authors' list of initial instructions): each enters the meta-prompt history with its score and can
+            be selected like any candidate. A list is for a program with one target predictor; with several, a mapping
+            ``{predictor name: [instructions]}``. A repeat of the predictor's own instruction or of an earlier text is
+            recorded as skipped, not scored. None: only the program's own.
         num_steps: Optimization steps; each sends the meta-prompt ``num_candidates`` times.
         num_candidates: Optimizer samples per step (the authors' 8).
         num_exemplars: Training problems shown in each meta-prompt (the authors' 3); 0 shows none.
-        exemplar_selection: ``"random"`` (the authors' default: a new draw per step), ``"constant"`` (the same
-            draw every step) or ``"hard_diverse"`` (problems the instructions fail, spread out by a DPP).
-        diversity_theta: ``"hard_diverse"`` only: 0 picks for diversity alone, 1 for difficulty alone.
+        exemplar_selection: ``"random"`` (the authors' default: a new draw per step), ``"constant"`` (the same draw
+            every step) or ``"hard_diverse"`` (problems the instructions fail, spread out by a DPP);
+            ``HardDiverse(theta=...)`` sets the DPP's trade-off (0: diversity alone, 1: difficulty alone; the default
+            0.7).
 
         max_num_instructions: How many of the best instructions the meta-prompt shows (the authors' 20).
         score_threshold: Instructions scoring below this (0 to 1) are not shown; 0 disables it.
-        num_score_buckets: Scores are shown as integers from 0 to this number; ``math.inf`` shows them rounded to
-            three decimals.
+        num_score_buckets: Scores are shown as integers from 0 to this number; ``math.inf`` shows them rounded to three
+            decimals.
         optimizer_family: ``"gpt"`` or ``"palm"``: which of the authors' meta-prompt wordings to use.
         instruction_pos: Where the instruction sits, in the meta-prompt's problems and in the program alike:
             ``"Q_begin"`` or ``"before_Q"`` (the predictor's instructions, before the inputs; ``"before_Q"`` needs
-            ``include_qa=True``) or ``"Q_end"`` (an input field after the inputs). ``"A_begin"`` (the start of
-            the answer) is refused: DSPy cannot start a model's answer with a given text.
+            ``include_qa=True``) or ``"Q_end"`` (an input field after the inputs). The authors' ``"A_begin"`` (the start
+            of the answer) is refused: DSPy cannot start a model's answer with a given text.
         include_qa: Render exemplars with ``Q:``/``A:`` markers.
         meta_prompt_type: ``"both_instructions_and_exemplars"`` (the paper) or ``"instructions_only"``.
         task_description: The task words of an ``instructions_only`` meta-prompt, e.g. ``"grade school math"``.
@@ -81,59 +84,54 @@ class OPROTeleprompter(Teleprompter):
 
         predictors: Names (as in ``program.named_predictors()``) of the predictors to optimize; None: all.
 
-        select: ``"train"`` returns the best training score (the paper); ``"validation"`` scores the ``top_k``
-            best on training on the valset and returns the best validation mean.
+        select: ``"train"`` returns the best training score (the paper); ``"validation"`` scores the ``top_k`` best on
+            training on the valset and returns the best validation mean.
         top_k: Candidates scored on the valset by ``select="validation"`` and ``val_gate``.
-        val_gate: Return the best candidate only if it beats the starting program on the valset by more than
-            ``min_delta``; otherwise return the starting program unchanged.
-        min_delta: The margin ``val_gate`` requires (0: strictly better).
-        both_orders: Label-free OPRO only: judge each pair in both positions, cancelling position bias (two
-            judge calls per example instead of one).
+        val_gate: Return the best candidate only if it beats the starting program on the valset (``True``, or
+            ``ValGate(min_delta=...)`` to ask for a margin, in [0, 1]: 0, the default, asks for strictly better);
+            otherwise return the starting program unchanged.
 
         max_metric_calls: Budget in evaluations (one program run plus its metric on one example), training and
             validation together; the run stops cleanly when the next evaluation would exceed it.
         max_cost: Budget in USD, from the recorded cost of both models; the run stops cleanly once reached.
-        racing: Score each new candidate block by block in one seeded order of the training examples and stop it
-            once a one-sided paired sign test says it is worse than the best at the start of its step (never
-            before ``max(10, ceil(n / 10))`` examples). A stopped candidate is recorded ``raced_out`` with its
-            partial mean, which the meta-prompts show; only fully scored candidates can be returned.
-        racing_alpha: Racing's level: the probability of stopping a candidate at least as good as the best is at
-            most this (for i.i.d. examples).
+        racing: Score each new candidate block by block in one seeded order of the training examples and stop it once a
+            one-sided paired sign test says it is worse than the best at the start of its step. ``True``, or
+            ``Racing(alpha=...)`` for the test's level (the probability of stopping a candidate at least as good as the
+            best; the default 0.05). A stopped candidate is recorded ``raced_out`` with its partial mean, which the
+            meta-prompts show; only fully scored candidates can be returned.
 
         num_threads: Parallel evaluations (and optimizer calls); None: ``dspy.settings.num_threads`` or 1.
         executor: A ``concurrent.futures.Executor`` to run evaluations on instead of threads (for example
             ``distributed.Client(...).get_executor()``).
         failure_score: The score of a run whose program raised (other than an infrastructure failure).
 
-        log_dir: Folder for the run record (``state.json``), step reports and the final report; compiling again
-            with the same folder resumes the run.
+        log_dir: Folder for the run record (``state.json``), step reports and the final report; compiling again with the
+            same folder resumes the run.
         seed: Seeds exemplar draws and optimizer rollout ids; 0 reproduces the authors' exemplar draws.
 
-        display_progress: Show a progress bar per scoring phase (as ``dspy.Evaluate``'s switch), on a terminal
-            or in a notebook; output to a file or pipe shows none either way.
+        display_progress: Show a progress bar per scoring phase (as ``dspy.Evaluate``'s switch), on a terminal or in a
+            notebook; output to a file or pipe shows none either way.
     """
 
     def __init__(
         self,
-        metric: Callable[..., Any] | None = None,
+        metric: Callable[..., Any],
         *,
         # models
         prompt_model: dspy.BaseLM | str | None = None,
         task_model: dspy.BaseLM | str | None = None,
-        judge_model: dspy.BaseLM | str | None = None,
         # search
         initial_instructions: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
         num_steps: int = 10,
         num_candidates: int = 8,
         num_exemplars: int = 3,
-        exemplar_selection: ExemplarSelection = "random",
-        diversity_theta: float = 0.7,
+        exemplar_selection: ExemplarSelection | HardDiverse = "random",
         # meta-prompt
         max_num_instructions: int = 20,
         score_threshold: float = 0.0,
         num_score_buckets: int | float = 100,
         optimizer_family: Literal["gpt", "palm"] = "gpt",
-        instruction_pos: Literal["before_Q", "Q_begin", "Q_end", "A_begin"] = "Q_begin",
+        instruction_pos: Literal["before_Q", "Q_begin", "Q_end"] = "Q_begin",
         include_qa: bool = False,
         meta_prompt_type: Literal["both_instructions_and_exemplars", "instructions_only"] = (
             "both_instructions_and_exemplars"
@@ -147,14 +145,11 @@ class OPROTeleprompter(Teleprompter):
         # final selection
         select: Literal["train", "validation"] = "train",
         top_k: int = 3,
-        val_gate: bool = False,
-        min_delta: float = 0.0,
-        both_orders: bool = False,
+        val_gate: bool | ValGate = False,
         # budget
         max_metric_calls: int | None = None,
         max_cost: float | None = None,
-        racing: bool = False,
-        racing_alpha: float = 0.05,
+        racing: bool | Racing = False,
         # execution
         num_threads: int | None = None,
         executor: cf.Executor | None = None,
@@ -167,18 +162,17 @@ class OPROTeleprompter(Teleprompter):
     ):
         super().__init__()
         self.config = OPROConfig(
-            metric=metric, prompt_model=prompt_model, task_model=task_model, judge_model=judge_model,
-            initial_instructions=initial_instructions,
-            num_steps=num_steps, num_candidates=num_candidates, num_exemplars=num_exemplars,
-            exemplar_selection=exemplar_selection, diversity_theta=diversity_theta,
+            metric=metric, prompt_model=prompt_model, task_model=task_model,
+            initial_instructions=initial_instructions, num_steps=num_steps, num_candidates=num_candidates,
+            num_exemplars=num_exemplars, exemplar_selection=exemplar_selection,
             max_num_instructions=max_num_instructions, score_threshold=score_threshold,
             num_score_buckets=num_score_buckets, optimizer_family=optimizer_family, instruction_pos=instruction_pos,
             include_qa=include_qa, meta_prompt_type=meta_prompt_type, task_description=task_description,
             max_instruction_chars=max_instruction_chars, temperature=temperature, max_tokens=max_tokens,
-            predictors=predictors, select=select, top_k=top_k, val_gate=val_gate, min_delta=min_delta,
-            both_orders=both_orders, max_metric_calls=max_metric_calls, max_cost=max_cost, racing=racing,
-            racing_alpha=racing_alpha, num_threads=num_threads, executor=executor, failure_score=failure_score,
-            log_dir=log_dir, seed=seed, display_progress=display_progress,
+            predictors=predictors, select=select, top_k=top_k, val_gate=val_gate,
+            max_metric_calls=max_metric_calls, max_cost=max_cost, racing=racing, num_threads=num_threads,
+            executor=executor, failure_score=failure_score, log_dir=log_dir, seed=seed,
+            display_progress=display_progress,
         )
         self.metric = metric  # as every DSPy teleprompter exposes it
 
@@ -211,7 +205,8 @@ class OPROTeleprompter(Teleprompter):
             raise TypeError(f"compile() got unexpected arguments {sorted(kwargs)}; OPRO takes trainset and valset")
         from dspy_opro.run import OPRORun  # here, not at the top: ``import dspy_opro`` stays cheap
 
-        return OPRORun(self.config, student, trainset, valset).execute()
+        with logging_through_dspy("dspy_opro"):
+            return OPRORun(self.config, student, trainset, valset).execute()
 
 
 OPRO = OPROTeleprompter

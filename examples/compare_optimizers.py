@@ -18,7 +18,7 @@ counted in metric calls (one program run plus its metric on one example):
 * with ``--opro-variants``: ``opro-hard-diverse``
 (``exemplar_selection="hard_diverse"``), ``opro-val-gate``
   (``val_gate=True``: it sees the validation split, so its validation score is not held
-  out) and ``opro-label-free`` (``metric=None``, the task model judging itself);
+  out) and ``opro-label-free`` (``metric=PairwisePreference(...)``, the task model judging itself);
 * with ``--extra NAME`` (repeatable): any other DSPy teleprompter, by class name
 (``SIMBA``) or dotted path
   (``dspy.teleprompt.SIMBA``), built with ``metric=`` and best-effort budget arguments.
@@ -66,7 +66,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import dspy  # noqa: E402
 
-from dspy_opro import OPROTeleprompter  # noqa: E402
+from dspy_opro import OPROTeleprompter, PairwisePreference  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "word_problems.jsonl"
 STANDARD = ["baseline", "opro", "copro", "miprov2", "gepa"]
@@ -317,7 +317,7 @@ def _run_opro(
         options.update(val_gate=True, top_k=1)
         reserve, valset, note = 2 * n_val, setup.valset, "; gate on the valset"
     elif variant == "opro-label-free":
-        options.update(metric=None, judge_model=setup.task_lm)
+        options.update(metric=PairwisePreference(judge_model=setup.task_lm))
         reserve, valset, note = (
             2 * n_val,
             setup.valset,

@@ -18,7 +18,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import dspy  # noqa: E402
 from dspy.utils.callback import BaseCallback  # noqa: E402
 
-from dspy_opro import OPROTeleprompter  # noqa: E402
+from dspy_opro import OPROTeleprompter, PairwisePreference  # noqa: E402
 from dspy_opro.testing import simulated_dataset, simulated_metric  # noqa: E402
 
 TASK, OPTIMIZER, JUDGE = "openai/gpt-4o-mini", "openai/gpt-4o", "openai/gpt-4.1-mini"
@@ -40,7 +40,7 @@ def build(base_url: str, log_dir: str, scenario: str) -> tuple[OPROTeleprompter,
     options = dict(SCENARIOS[scenario])
     metric: Any = simulated_metric
     if options.pop("label_free", False):
-        metric, options["judge_model"] = None, dspy.LM(JUDGE, **connection)
+        metric = PairwisePreference(judge_model=dspy.LM(JUDGE, **connection))
     teleprompter = OPROTeleprompter(metric, prompt_model=dspy.LM(OPTIMIZER, **connection),
                                     task_model=dspy.LM(TASK, **connection), num_steps=2, num_candidates=2,
                                     num_threads=1, log_dir=log_dir, **options)

@@ -3,7 +3,7 @@
 import dspy
 import pytest
 
-from dspy_opro import OPROTeleprompter
+from dspy_opro import OPROTeleprompter, PairwisePreference, ValGate
 from tests.fakes import chat_reply, make_lm, scripted_optimizer, toy_dataset, toy_metric, toy_task_reply, user_text
 
 
@@ -36,8 +36,9 @@ def test_hard_diverse_shows_the_always_failed_example():
 def gated(replies, valset, *, start="Better.", **kwargs):
     task_lm, task_engine = make_lm(toy_task_reply)
     opt_lm, _ = make_lm(scripted_optimizer(replies))
+    kwargs.setdefault("val_gate", True)
     optimizer = OPROTeleprompter(toy_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=1,
-                                 num_candidates=len(replies), num_threads=1, val_gate=True, **kwargs)
+                                 num_candidates=len(replies), num_threads=1, **kwargs)
     return optimizer.compile(program(start), trainset=toy_dataset(6), valset=valset), task_engine
 
 
@@ -75,7 +76,7 @@ def test_val_gate_tie_returns_the_start_unchanged():
 
 
 def test_val_gate_min_delta():
-    compiled, _ = gated(["<INS>Better better.</INS>"], toy_dataset(4, prefix="val"), top_k=1, min_delta=0.25)
+    compiled, _ = gated(["<INS>Better better.</INS>"], toy_dataset(4, prefix="val"), top_k=1, val_gate=ValGate(min_delta=0.25))
     assert compiled.signature.instructions == "Better."  # 0.5 does not beat 0.25 by more than 0.25
 
 
@@ -102,12 +103,14 @@ def labelled(n: int, prefix: str = "item") -> list[dspy.Example]:
             for i in range(n)]
 
 
-def label_free(replies, *, judge=content_judge, valset=None, start="Better better better.", **kwargs):
+def label_free(replies, *, judge=content_judge, valset=None, start="Better better better.", both_orders=False,
+               **kwargs):
     task_lm, task_engine = make_lm(toy_task_reply)
     judge_lm, judge_engine = make_lm(judge, model="openai/judge")
     opt_lm, opt_engine = make_lm(scripted_optimizer(replies))
-    optimizer = OPROTeleprompter(None, judge_model=judge_lm, prompt_model=opt_lm, task_model=task_lm,
-                                 num_steps=1, num_candidates=len(replies), num_threads=1, **kwargs)
+    optimizer = OPROTeleprompter(PairwisePreference(judge_model=judge_lm, both_orders=both_orders),
+                                 prompt_model=opt_lm, task_model=task_lm, num_steps=1, num_candidates=len(replies),
+                                 num_threads=1, **kwargs)
     compiled = optimizer.compile(program(start), trainset=labelled(6), valset=valset)
     return compiled, task_engine, judge_engine, opt_engine
 
@@ -187,7 +190,7 @@ def test_label_free_refuses_select_and_val_gate():
     judge_lm, _ = make_lm(content_judge)
     for option in ({"select": "validation"}, {"val_gate": True}):
         with pytest.raises(ValueError, match="label-free OPRO .* selects by its own gate"):
-            OPROTeleprompter(None, judge_model=judge_lm, **option)
+            OPROTeleprompter(PairwisePreference(judge_model=judge_lm), **option)
 
 
 def test_label_free_judge_sees_both_trajectories_step_by_step():

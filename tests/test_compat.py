@@ -81,15 +81,24 @@ def test_adapter_parse_error_is_dspys():
     assert compat.AdapterParseError is exceptions.AdapterParseError
 
 
-def test_configure_loggers_sends_our_lines_through_dspys_stream():
+def test_logging_through_dspy_attaches_dspys_stream_only_where_logging_is_unconfigured(unconfigured_logging):
     import logging
 
     from dspy.utils.logging_utils import DSPY_LOGGING_STREAM
 
-    compat.configure_loggers("dspy_opro")
     logger = logging.getLogger("dspy_opro")
-    assert logger.propagate is False and logger.level == logging.INFO
-    assert [h.stream for h in logger.handlers if h.get_name() == "dspy_handler"] == [DSPY_LOGGING_STREAM]
+    before = (list(logger.handlers), logger.level, logger.propagate)
+    with compat.logging_through_dspy("dspy_opro"):
+        assert [h.stream for h in logger.handlers] == [DSPY_LOGGING_STREAM]
+        assert logger.propagate is False and logger.level == logging.INFO
+    assert (list(logger.handlers), logger.level, logger.propagate) == before
+    own = logging.NullHandler()
+    logger.addHandler(own)  # the user configured this logger: left alone
+    try:
+        with compat.logging_through_dspy("dspy_opro"):
+            assert logger.handlers == [own] and logger.propagate is True
+    finally:
+        logger.removeHandler(own)
 
 
 def test_user_stacklevel_points_at_the_callers_line():

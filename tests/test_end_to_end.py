@@ -411,7 +411,7 @@ def test_max_metric_calls_is_the_exact_number_of_task_requests(endpoint, num_thr
     assert sum(s is not None for c in run.candidates for s in c.scores) == budget
     # The budget ran out in step 0: its one n=3 request is the only optimizer request.
     assert [r.n for r in opro_records(records)] == [3]
-    cut = [c for c in run.candidates if c.status == "unscored"]
+    cut = [c for c in run.candidates if c.status == "cut_short"]
     assert cut and all(c.reason.startswith("cut short") for c in cut)
     assert all(all(s is not None for s in c.scores) for c in run.scored())
 
@@ -482,7 +482,7 @@ def test_resume_with_a_larger_budget_continues_without_repeating_work(tmp_path):
         first = endpoint.requests
         assert stopped.status == "stopped" and stopped.metric_calls == 14
         assert len(task_records(first)) == 14 and [r.n for r in opro_records(first)] == [3]
-        cut = {c.id: c.scores for c in stopped.candidates if c.status == "unscored"}
+        cut = {c.id: c.scores for c in stopped.candidates if c.status == "cut_short"}
         assert cut and all(c.reason.startswith("cut short") for c in stopped.candidates if c.id in cut)
 
         # Budget settings are not part of the fingerprint: a larger one continues the saved run.

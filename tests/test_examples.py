@@ -16,8 +16,8 @@ from pathlib import Path
 import dspy
 import pytest
 
-from dspy_opro.task.programs import split_instructions
 from dspy_opro.record.files import load_state
+from dspy_opro.task.programs import split_instructions
 from dspy_opro.testing import arithmetic_tool
 
 pytestmark = pytest.mark.slow  # each example compiles through its own simulated endpoint

@@ -21,7 +21,15 @@ from pathlib import Path
 import dspy
 import pytest
 
-from dspy_opro import FatalLMError, LogDirError, MetricError, OPRORunError, OPROTeleprompter, ProgramError
+from dspy_opro import (
+    FatalLMError,
+    LogDirError,
+    MetricError,
+    OPRORunError,
+    OPROTeleprompter,
+    PairwisePreference,
+    ProgramError,
+)
 from dspy_opro.errors import check_model_ready, classify_exception, clean_text
 from dspy_opro.proposing.exemplars import draw_exemplar_indices
 from dspy_opro.proposing.meta_prompt import instruction_md5
@@ -135,9 +143,9 @@ def test_a_fatal_answer_stops_the_run_at_once_naming_the_model(endpoint, tmp_pat
         models = {"optimizer": lm(endpoint, OPT), "task": lm(endpoint, TASK), "judge": lm(endpoint, JUDGE)}
         # DSPy's default num_retries=3: a fatal answer is still asked only once.
         models[role] = refusing.lm({"optimizer": OPT, "task": TASK, "judge": JUDGE}[role])
-        teleprompter = OPROTeleprompter(None, prompt_model=models["optimizer"], task_model=models["task"],
-                                        judge_model=models["judge"], num_steps=2, num_candidates=2, num_threads=1,
-                                        log_dir=tmp_path)
+        teleprompter = OPROTeleprompter(PairwisePreference(judge_model=models["judge"]),
+                                        prompt_model=models["optimizer"], task_model=models["task"], num_steps=2,
+                                        num_candidates=2, num_threads=1, log_dir=tmp_path)
         with pytest.raises(FatalLMError) as excinfo:
             teleprompter.compile(dspy.Predict("question -> answer"), trainset=train)
         refused = refusing.requests
@@ -158,7 +166,8 @@ def test_a_missing_key_or_unknown_provider_stops_before_any_call(endpoint, monke
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     models = {"prompt_model": lm(endpoint, OPT), "task_model": lm(endpoint, TASK), "judge_model": lm(endpoint, JUDGE)}
     models[role] = model  # a LiteLLM model string, as a user writes it
-    teleprompter = OPROTeleprompter(None, num_steps=1, num_candidates=2, **models)
+    metric = PairwisePreference(judge_model=models.pop("judge_model"))
+    teleprompter = OPROTeleprompter(metric, num_steps=1, num_candidates=2, **models)
     with pytest.raises(FatalLMError, match=message) as excinfo:
         teleprompter.compile(dspy.Predict("question -> answer"), trainset=simulated_dataset(3))
     assert repr(model) in str(excinfo.value)
@@ -311,9 +320,9 @@ def test_label_free_anchor_broken_by_an_outage_is_retried_and_failing_candidates
 
     faults = FaultConfig(fail_requests={0, 1}, fail_kind="server_error", only_kinds={"task"})
     with SimulatedEndpoint(faults=faults) as endpoint:
-        teleprompter = OPROTeleprompter(None, prompt_model=lm(endpoint, OPT), task_model=lm(endpoint, TASK),
-                                        judge_model=lm(endpoint, JUDGE), num_steps=1, num_candidates=2,
-                                        num_threads=1, log_dir=tmp_path)
+        teleprompter = OPROTeleprompter(PairwisePreference(judge_model=lm(endpoint, JUDGE)),
+                                        prompt_model=lm(endpoint, OPT), task_model=lm(endpoint, TASK), num_steps=1,
+                                        num_candidates=2, num_threads=1, log_dir=tmp_path)
         compiled = teleprompter.compile(FailsWhenChanged(), trainset=train)
         judge_requests = [r for r in endpoint.requests if r.model == "sim-judge"]
     run = compiled.opro_run
@@ -457,8 +466,8 @@ def test_task_and_judge_models_accept_litellm_model_strings(endpoint, monkeypatc
 
     # A string becomes dspy.LM(model, engine="litellm") with DSPy's default cache on: keep it off the disk cache.
     monkeypatch.setattr(dspy, "cache", Cache(enable_disk_cache=False, enable_memory_cache=False, disk_cache_dir=""))
-    teleprompter = OPROTeleprompter(None, prompt_model=lm(endpoint, OPT), task_model=TASK, judge_model=JUDGE,
-                                    num_steps=1, num_candidates=1, num_threads=1)
+    teleprompter = OPROTeleprompter(PairwisePreference(judge_model=JUDGE), prompt_model=lm(endpoint, OPT),
+                                    task_model=TASK, num_steps=1, num_candidates=1, num_threads=1)
     compiled = teleprompter.compile(dspy.Predict("question -> answer"), trainset=simulated_dataset(3))
     models = {r.model for r in endpoint.requests}
     assert models == {"sim-task", "sim-opt", "sim-judge"}

@@ -22,8 +22,8 @@ from dspy_opro import OPROTeleprompter
 from dspy_opro.proposing.exemplars import draw_exemplar_indices
 from dspy_opro.proposing.meta_prompt import instruction_md5
 from dspy_opro.proposing.optimizer_calls import propose
-from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
 from dspy_opro.proposing.triage import triage_replies
+from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
 from tests.fakes import chat_reply, field_value, instruction_of, make_lm, scripted_optimizer, user_text
 
 TRACE: dict[str, Any] = json.loads((Path(__file__).parent / "golden" / "evolution_trace.json").read_text())

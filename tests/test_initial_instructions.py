@@ -23,7 +23,7 @@ from pathlib import Path
 import dspy
 import pytest
 
-from dspy_opro import OPROTeleprompter
+from dspy_opro import OPROTeleprompter, PairwisePreference
 from dspy_opro.errors import StateFileError
 from dspy_opro.proposing.exemplars import draw_exemplar_indices
 from dspy_opro.proposing.meta_prompt import gen_meta_prompt
@@ -257,9 +257,10 @@ def test_the_setting_is_frozen_and_fingerprinted() -> None:
     from dspy_opro.config import Models
 
     models = Models(prompt=lm, task=lm, judge=None)
-    assert optimizer.config.search_settings(models, ["self"])["initial_instructions"] == [STEP_BY_STEP]
-    assert mapping.search_settings(models, ["answer"])["initial_instructions"] == {"answer": [CAREFUL]}
-    assert OPROTeleprompter(simulated_metric).config.search_settings(models, ["self"])["initial_instructions"] is None
+    assert optimizer.config.recorded_settings(models, ["self"])["initial_instructions"] == [STEP_BY_STEP]
+    assert mapping.recorded_settings(models, ["answer"])["initial_instructions"] == {"answer": [CAREFUL]}
+    unset = OPROTeleprompter(simulated_metric).config.recorded_settings(models, ["self"])
+    assert unset["initial_instructions"] is None
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -485,9 +486,9 @@ def test_label_free_scores_initial_instructions_against_the_start_after_its_anch
     """Label-free OPRO judges every candidate against the start's runs, so the start runs first (all 6 anchors),
     then the initial instruction, even on 4 threads; the judge is asked once per example of the instruction."""
     train = simulated_dataset(6)
-    optimizer = OPROTeleprompter(None, judge_model=_lm(endpoint, "sim-judge"), prompt_model=_lm(endpoint, "sim-opt"),
-                                 task_model=_lm(endpoint, "sim-task"), initial_instructions=[STRONG], num_steps=0,
-                                 num_threads=4)
+    optimizer = OPROTeleprompter(PairwisePreference(judge_model=_lm(endpoint, "sim-judge")),
+                                 prompt_model=_lm(endpoint, "sim-opt"), task_model=_lm(endpoint, "sim-task"),
+                                 initial_instructions=[STRONG], num_steps=0, num_threads=4)
     run = optimizer.compile(dspy.Predict("question -> answer"), trainset=train).opro_run
     task = _task(endpoint)
     assert [_pair(r)[0] for r in task] == [START] * 6 + [STRONG] * 6
@@ -517,8 +518,8 @@ def test_label_free_never_judges_an_initial_instruction_before_its_anchor_exists
 
     task_lm, _ = make_lm(task)
     judge_lm, judge_engine = make_lm(lambda request: chat_reply(rationale="Same.", preference=0), model="openai/judge")
-    optimizer = OPROTeleprompter(None, judge_model=judge_lm, prompt_model=task_lm, task_model=task_lm, num_steps=0,
-                                 num_threads=4, initial_instructions=["Better."])
+    optimizer = OPROTeleprompter(PairwisePreference(judge_model=judge_lm), prompt_model=task_lm, task_model=task_lm,
+                                 num_steps=0, num_threads=4, initial_instructions=["Better."])
     run = optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4)).opro_run
     assert order[0] == "start item 0 answered" and len(order) == 5
     assert [c.status for c in run.candidates] == ["scored", "scored"]

@@ -3,7 +3,7 @@
 import dspy
 import pytest
 
-from dspy_opro import OPROTeleprompter
+from dspy_opro import HardDiverse, OPROTeleprompter, PairwisePreference, Racing, ValGate
 from tests.fakes import make_lm, toy_dataset, toy_metric, toy_task_reply
 
 
@@ -15,7 +15,6 @@ def lm():
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"metric": None}, ValueError, "no metric: pass metric="),
         ({"metric": 3}, TypeError, "metric must be callable"),
         ({"prompt_model": 42}, TypeError, "prompt_model must be a dspy.LM or a LiteLLM model string"),
         ({"prompt_model": " "}, ValueError, "prompt_model is an empty string"),
@@ -26,7 +25,7 @@ def lm():
         ({"num_candidates": 0}, ValueError, "num_candidates must be an int >= 1"),
         ({"num_exemplars": 1.5}, ValueError, "num_exemplars must be an int >= 0"),
         ({"exemplar_selection": "hardest"}, ValueError, "exemplar_selection must be"),
-        ({"diversity_theta": 1.2}, ValueError, r"diversity_theta must be a number in \[0.0, 1.0\]"),
+        ({"exemplar_selection": "hard_diverse", "val_gate": 0.5}, ValueError, "val_gate must be a bool"),
         ({"num_score_buckets": 0}, ValueError, "num_score_buckets"),
         ({"instruction_pos": "before_Q"}, ValueError, "needs include_qa=True"),
         ({"instruction_pos": "A_begin", "include_qa": True}, ValueError, "cannot start the answer with a given text"),
@@ -43,8 +42,8 @@ def lm():
         ({"num_threads": 0}, ValueError, "num_threads must be an int >= 1"),
         ({"executor": object()}, TypeError, "executor must be a concurrent.futures.Executor"),
         ({"failure_score": 2.0}, ValueError, "failure_score must be a number in"),
-        ({"metric": None, "judge_model": 7}, TypeError, "judge_model must be a dspy.LM"),
-        ({"judge_model": object()}, ValueError, "judge_model is for label-free OPRO"),
+        ({"metric": None}, ValueError, r"for label-free OPRO pass metric=dspy_opro.PairwisePreference\(judge_model"),
+        ({"racing": Racing(), "val_gate": "yes"}, ValueError, "val_gate must be a bool"),
     ],
 )
 def test_constructor_checks(kwargs, error, message):
@@ -52,6 +51,22 @@ def test_constructor_checks(kwargs, error, message):
     metric = args.pop("metric")
     with pytest.raises(error, match=message):
         OPROTeleprompter(metric, **args)
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (lambda: Racing(alpha=1.0), ValueError, r"Racing\(alpha=...\) must be a number in \(0.0, 1.0\)"),
+        (lambda: HardDiverse(theta=1.2), ValueError, r"HardDiverse\(theta=...\) must be a number in \[0.0, 1.0\]"),
+        (lambda: ValGate(min_delta=-0.1), ValueError, r"ValGate\(min_delta=...\) must be a number in \[0.0, 1.0\]"),
+        (lambda: PairwisePreference(judge_model=7), TypeError, "judge_model must be a dspy.LM or a LiteLLM model"),
+        (lambda: PairwisePreference(judge_model=" "), ValueError, "judge_model is an empty string"),
+        (lambda: PairwisePreference(both_orders="yes"), ValueError, "both_orders must be a bool"),
+    ],
+)
+def test_extension_options_are_checked_when_made(make, error, message):
+    with pytest.raises(error, match=message):
+        make()
 
 
 @pytest.mark.parametrize(

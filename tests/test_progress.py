@@ -25,6 +25,8 @@ from dspy_opro.config import Models, OPROConfig
 from dspy_opro.record.progress import Progress, best_postfix, import_litellm_announced, shows_bars
 from tests.fakes import make_lm, scripted_optimizer, toy_dataset, toy_metric, toy_task_reply
 
+pytestmark = pytest.mark.usefixtures("unconfigured_logging")
+
 BAR = re.compile(r"^(?P<desc>.+?): +\d+%\|[^|]*\| (?P<n>\d+)/(?P<total>\d+) "
                  r"\[[^\]]*?(?:, (?P<postfix>best [^\]]*))?\]$")
 
@@ -145,8 +147,9 @@ def test_log_lines_during_a_bar_are_written_whole_on_their_own_lines(monkeypatch
     # After each line the bar is drawn again, on a line of its own.
     after = [piece.split("\n", 1)[1] for piece in terminal.getvalue().split("metric saw item 2")[1:]]
     assert all(BAR.match(rest.split("\r")[1].rstrip()) for rest in after)
-    # The handler writes to DSPy's stream again after the run.
-    dspy_handler = next(h for h in logging.getLogger("dspy_opro").handlers if h.get_name() == "dspy_handler")
+    # After the run: the compile's own handler is gone, and DSPy's handler writes to DSPy's stream again.
+    assert logging.getLogger("dspy_opro").handlers == []
+    dspy_handler = next(h for h in logging.getLogger("dspy").handlers if h.get_name() == "dspy_handler")
     assert dspy_handler.stream is dspy_logging_stream()
 
 
@@ -237,6 +240,7 @@ class Keep(logging.Handler):
         seen.append([record.getMessage(), "litellm" in sys.modules])
 
 logging.getLogger("dspy_opro").addHandler(Keep())
+logging.getLogger("dspy_opro").setLevel(logging.INFO)  # a logger configured by the user: its level is theirs
 with SimulatedEndpoint() as endpoint:
     for _ in range(2):
         OPROTeleprompter(simulated_metric, prompt_model=endpoint.lm("openai/simulated-optimizer"),

@@ -130,7 +130,7 @@ def test_looks_must_follow_the_plan():
 
 @pytest.mark.parametrize("alpha", [0, 1, -0.1, float("nan"), True, "0.05"])
 def test_bad_alpha(alpha):
-    with pytest.raises(ValueError, match=r"racing_alpha must be a number in \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"Racing\(alpha=\.\.\.\) must be a number in \(0, 1\)"):
         SequentialSignTest(alpha=alpha, looks=(10,))
 
 

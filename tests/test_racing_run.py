@@ -19,11 +19,11 @@ from pathlib import Path
 import dspy
 import pytest
 
-from dspy_opro import OPROTeleprompter
+from dspy_opro import OPROTeleprompter, Racing
 from dspy_opro.extensions.racing import RacingSchedule, example_order
+from dspy_opro.proposing.step_inputs import predictor_history
 from dspy_opro.record.files import load_state
 from dspy_opro.record.report import render_run_report, render_step_report
-from dspy_opro.proposing.step_inputs import predictor_history
 from dspy_opro.testing import SimulatedEndpoint
 from tests.fakes import make_lm, scripted_optimizer, toy_dataset, toy_metric, toy_task_reply
 from tests.racing_kill_job import TRAIN_SIZE, build, trainset
@@ -103,12 +103,21 @@ def test_a_raced_out_candidate_is_never_best_even_with_a_higher_partial_mean():
 
 @pytest.mark.parametrize(("options", "message"), [
     ({"racing": "yes"}, "racing"),
-    ({"racing_alpha": 1.5}, "racing_alpha must be a number in (0, 1)"),
-    ({"racing_alpha": 0}, "racing_alpha must be a number in (0, 1)"),
+    ({"racing": Racing(alpha=0.05)}, None),
 ])
 def test_bad_racing_options_are_refused_before_any_call(options, message):
-    with pytest.raises((TypeError, ValueError), match=message.replace("(", r"\(").replace(")", r"\)")):
+    if message is None:
+        assert OPROTeleprompter(toy_metric, **options).config.racing_options == Racing(alpha=0.05)
+        return
+    with pytest.raises((TypeError, ValueError), match=message):
         OPROTeleprompter(toy_metric, **options)
+
+
+@pytest.mark.parametrize("alpha", [1.5, 0])
+def test_a_racing_level_outside_zero_one_is_refused(alpha):
+    with pytest.raises(ValueError, match=rf"Racing\(alpha=\.\.\.\) must be a number in \(0.0, 1.0\), for example 0.05; "
+                                         rf"got {alpha}"):
+        Racing(alpha=alpha)
 
 
 def test_racing_is_in_the_fingerprint(tmp_path):
@@ -116,9 +125,9 @@ def test_racing_is_in_the_fingerprint(tmp_path):
     task_lm, _ = make_lm(toy_task_reply)
     opt_lm, _ = make_lm(scripted_optimizer(["<INS>x</INS>"]))
     teleprompter = OPROTeleprompter(toy_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=1,
-                                    num_candidates=3, num_exemplars=0, num_threads=1, racing=True, racing_alpha=0.1,
+                                    num_candidates=3, num_exemplars=0, num_threads=1, racing=Racing(alpha=0.1),
                                     log_dir=str(tmp_path))
-    with pytest.raises(Exception, match=r"racing_alpha: 0\.05 -> 0\.1"):
+    with pytest.raises(Exception, match=r'racing: \{"alpha": 0\.05\} -> \{"alpha": 0\.1\}'):
         teleprompter.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(N))
 
 

@@ -1,6 +1,8 @@
-"""The final-selection decisions, on hand-made run records."""
+"""The selection policies' decisions, on hand-made run records."""
 
 from dspy_opro import selection
+from dspy_opro.extensions.label_free import LabelFreeGate, label_free_gate
+from dspy_opro.extensions.val_gate import ValGatePolicy
 from dspy_opro.record.state import Candidate, Fingerprint, RunState
 
 
@@ -14,28 +16,41 @@ def record(train: list[float], val: list[float | None]) -> RunState:
     return state
 
 
-def test_contenders_are_the_top_k_on_training_plus_the_start_for_the_gate():
+def test_validation_phases_are_the_top_k_on_training_plus_the_start_for_the_gate():
     state = record([0.2, 0.9, 0.5, 0.9], [None] * 4)
-    assert [c.id for c in selection.validation_contenders(state, top_k=2, val_gate=False)] == [1, 3]
-    assert [c.id for c in selection.validation_contenders(state, top_k=2, val_gate=True)] == [1, 3, 0]
+    validation = selection.OnValidation(top_k=2)
+    assert [[c.id for c in group] for group in validation.validation_phases(state, has_valset=True)] == [[1, 3]]
+    gate = ValGatePolicy(top_k=2, min_delta=0.0)
+    assert [[c.id for c in group] for group in gate.validation_phases(state, has_valset=True)] == [[1, 3, 0]]
+    assert selection.OnTraining().validation_phases(state, has_valset=True) == []
+    assert (validation.planned_evaluations(10), gate.planned_evaluations(10)) == (20, 30)
 
 
 def test_validation_ties_go_to_the_better_on_training():
     state = record([0.2, 0.9, 0.5, 0.8], [0.1, 0.6, 0.7, 0.7])
-    chosen = selection.on_validation(state, state.best(), top_k=3, val_gate=False, min_delta=0.0)
+    chosen = selection.OnValidation(top_k=3).decide(state, has_valset=True)
     assert (chosen.candidate_id, chosen.selected_by) == (3, "validation")
     assert chosen.reason == "best validation score 70.0 of the top 3 on training"
 
 
+def test_validation_that_could_not_finish_falls_back_to_training():
+    state = record([0.2, 0.9, 0.5], [0.1, None, 0.7])
+    chosen = selection.OnValidation(top_k=2).decide(state, has_valset=True)
+    assert (chosen.candidate_id, chosen.selected_by) == (1, "train")
+    assert chosen.reason.startswith("validation could not be completed")
+
+
 def test_gate_needs_more_than_min_delta():
     state = record([0.2, 0.9], [0.5, 0.6])
-    assert selection.on_validation(state, state.best(), top_k=1, val_gate=True, min_delta=0.1).candidate_id == 0
-    assert selection.on_validation(state, state.best(), top_k=1, val_gate=True, min_delta=0.05).candidate_id == 1
+    assert ValGatePolicy(top_k=1, min_delta=0.1).decide(state, has_valset=True).candidate_id == 0
+    assert ValGatePolicy(top_k=1, min_delta=0.05).decide(state, has_valset=True).candidate_id == 1
 
 
 def test_label_free_gate_is_strictly_above_zero():
     state = record([0.5, 0.6], [None, None])
-    assert selection.label_free_gate(state.candidates[1], 0.5, "validation").candidate_id == 0
-    accepted = selection.label_free_gate(state.candidates[1], 0.55, "validation")
+    assert label_free_gate(state.candidates[1], 0.5, "validation").candidate_id == 0
+    accepted = label_free_gate(state.candidates[1], 0.55, "validation")
     assert (accepted.candidate_id, accepted.reason) == (1, "mean validation preference +1.00 over the starting "
                                                            "program is above 0")
+    phases = LabelFreeGate().validation_phases(state, has_valset=True)
+    assert [[c.id for c in group] for group in phases] == [[0], [1]]  # the anchors first

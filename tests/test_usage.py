@@ -85,7 +85,7 @@ def test_max_cost_stops_once_the_recorded_cost_reaches_it():
     assert len(task_engine.requests) == 7
     assert run.usage.task.cost == pytest.approx(0.105)
     assert run.status == "stopped" and run.stop_reason.startswith("max_cost=$0.1 reached")
-    assert run.candidates[1].status == "unscored"
+    assert run.candidates[1].status == "cut_short"
 
 
 def callback_names() -> list[str]:

@@ -7,7 +7,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import dspy
 
-from dspy_opro import OPROTeleprompter
+from dspy_opro import HardDiverse, OPROTeleprompter
 from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
 
 with SimulatedEndpoint() as endpoint:
@@ -23,9 +23,9 @@ with SimulatedEndpoint() as endpoint:
         num_candidates=3,
         num_exemplars=3,
         num_threads=8,
-        # instead of the authors' uniform draw per step
-        exemplar_selection="hard_diverse",
-        diversity_theta=0.7,  # 0: diversity only, 1: the hardest problems only
+        # instead of the authors' uniform draw per step;
+        # theta 0: diversity only, 1: the hardest problems only
+        exemplar_selection=HardDiverse(theta=0.7),
     )
     compiled = optimizer.compile(dspy.Predict("question -> answer"), trainset=trainset)
     run = compiled.opro_run

@@ -7,7 +7,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import dspy
 
-from dspy_opro import OPROTeleprompter
+from dspy_opro import OPROTeleprompter, PairwisePreference
 from dspy_opro.testing import SimulatedEndpoint, simulated_dataset
 
 with SimulatedEndpoint() as endpoint:
@@ -22,10 +22,9 @@ with SimulatedEndpoint() as endpoint:
     trainset, valset = questions[:8], questions[8:]
 
     optimizer = OPROTeleprompter(
-        metric=None,  # label-free
-        judge_model=task_lm,  # the task model judges its own runs
-        # judge each pair twice, swapping positions, to cancel position bias
-        both_orders=True,
+        # label-free: the task model judges its own runs, each pair twice
+        # (positions swapped) to cancel position bias
+        metric=PairwisePreference(judge_model=task_lm, both_orders=True),
         prompt_model=prompt_lm,
         task_model=task_lm,
         num_steps=2,

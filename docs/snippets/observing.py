@@ -35,10 +35,12 @@ class KeepRecords(logging.Handler):
 
 
 # --8<-- [start:logging]
-# OPRO logs through DSPy's logging stream at INFO: one line per phase of each step.
-# Catch them like any logger's (or silence them with dspy.disable_logging()).
+# While it compiles, OPRO logs one line per phase of each step at INFO, through DSPy's
+# logging stream (dspy.disable_logging() silences it). Catch them like any logger's:
+# once you configure the "dspy_opro" logger, its handlers and level are yours.
 records = KeepRecords()
 logging.getLogger("dspy_opro").addHandler(records)
+logging.getLogger("dspy_opro").setLevel(logging.INFO)
 # --8<-- [end:logging]
 
 with SimulatedEndpoint() as endpoint:

@@ -7,7 +7,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import dspy
 
-from dspy_opro import OPROTeleprompter
+from dspy_opro import OPROTeleprompter, ValGate
 from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
 
 with SimulatedEndpoint() as endpoint:
@@ -24,9 +24,9 @@ with SimulatedEndpoint() as endpoint:
         num_steps=2,
         num_candidates=3,
         num_threads=8,
-        val_gate=True,  # compare the top_k on validation with the program as given
-        # the winner must beat the start's validation score by more than 5 points
-        min_delta=0.05,
+        # compare the top_k on validation with the program as given; the winner
+        # must beat the start's validation score by more than 5 points
+        val_gate=ValGate(min_delta=0.05),
         top_k=top_k,
     )
     compiled = optimizer.compile(

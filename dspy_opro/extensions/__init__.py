@@ -1,1 +1,74 @@
-"""TODO"""
+"""The options beyond the authors' method, each plugged into the step loop through one seam.
+
+* **Racing** (``racing=True`` or ``racing=Racing(alpha=...)``): a *scoring policy*
+  (:class:`dspy_opro.scoring.scorer.ScoringPolicy`) that scores a step's new candidates block by block and stops
+  the ones a sequential test finds worse than the best (:mod:`dspy_opro.extensions.racing`).
+* **Hard and diverse exemplars** (``exemplar_selection="hard_diverse"`` or ``HardDiverse(theta=...)``): an
+  *exemplar policy* (:class:`dspy_opro.proposing.exemplars.ExemplarPolicy`) that shows the problems the instructions
+  fail, spread out by a determinantal point process (:mod:`dspy_opro.extensions.hard_diverse`).
+* **The validation gate** (``val_gate=True`` or ``ValGate(min_delta=...)``): a *selection policy*
+  (:class:`dspy_opro.selection.SelectionPolicy`) that returns the best candidate only if it beats the program as
+  given on the valset (:mod:`dspy_opro.extensions.val_gate`).
+* **Label-free OPRO** (``metric=PairwisePreference(judge_model=...)``): an *anchored metric*
+  (:class:`dspy_opro.scoring.evaluation.AnchoredMetric`) that judges each candidate's run against the starting
+  program's run on the same example, and gates the result on its own scale (:mod:`dspy_opro.extensions.label_free`).
+
+This module holds the options of the first three only: small frozen dataclasses, checked when they are made (the
+label-free metric is its own class, ``dspy_opro.PairwisePreference``). Each extension's code is imported when a run
+uses it, never by ``import dspy_opro``. An extension may import the subpackages and
+:mod:`dspy_opro.selection`; nothing in the method's core imports an extension module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dspy_opro.checks import require_number
+
+
+@dataclass(frozen=True)
+class Racing:
+    """Racing: stop a step's new candidate once a one-sided sign test says it is worse than the best.
+
+    Args:
+        alpha: The test's level: the probability of stopping a candidate at least as good as the best is at most
+            this (for i.i.d. examples).
+    """
+
+    alpha: float = 0.05
+
+    def __post_init__(self) -> None:
+        require_number("Racing(alpha=...)", self.alpha, low=0.0, high=1.0, low_open=True, high_open=True,
+                       meaning=", for example 0.05")
+
+
+@dataclass(frozen=True)
+class HardDiverse:
+    """Hard-and-diverse exemplars: problems the instructions fail, spread out by a DPP.
+
+    Args:
+        theta: 0 picks for diversity alone, 1 for difficulty alone.
+    """
+
+    theta: float = 0.7
+
+    def __post_init__(self) -> None:
+        require_number("HardDiverse(theta=...)", self.theta, low=0.0, high=1.0,
+                       meaning=" (0 = diversity only, 1 = top-k by difficulty)")
+
+
+@dataclass(frozen=True)
+class ValGate:
+    """The validation gate: return the best candidate only if it beats the program as given on the valset.
+
+    Args:
+        min_delta: The margin it must beat the program as given by, in [0, 1] (0: strictly better).
+    """
+
+    min_delta: float = 0.0
+
+    def __post_init__(self) -> None:
+        require_number("ValGate(min_delta=...)", self.min_delta, low=0.0, high=1.0)
+
+
+__all__ = ["HardDiverse", "Racing", "ValGate"]

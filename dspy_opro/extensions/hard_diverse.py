@@ -52,12 +52,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from dspy_opro.checks import is_bool, require_number
-from dspy_opro.extensions.similarity import FEATURIZERS, HASHED_BUCKETS, TextFeatures, check_featurizer, similarity_matrix
+from dspy_opro.extensions.similarity import (
+    FEATURIZERS,
+    HASHED_BUCKETS,
+    TextFeatures,
+    check_featurizer,
+    similarity_matrix,
+)
+from dspy_opro.record.state import RunState
+from dspy_opro.task.data import RunData
 
 __all__ = [
     "FEATURIZERS",
     "HASHED_BUCKETS",
     "DPPSelection",
+    "HardDiverseExemplars",
     "QuestionFeatures",
     "greedy_dpp_map",
     "quality_weights",
@@ -383,3 +392,32 @@ class QuestionFeatures(TextFeatures):
             return DPPSelection(indices=order, gains=gains, stopped_early=False)
         r = quality_weights(d, m, theta=theta, floor=floor)
         return _greedy_on_rows(r * r, lambda j: r[j] * similarity.row(j) * r, k, 1e-10)
+
+
+class HardDiverseExemplars:
+    """The exemplar policy of ``exemplar_selection="hard_diverse"``: the problems the instructions fail, spread out.
+
+    A problem's difficulty is one minus its mean score over the scored candidates (every problem is equally hard at
+    step 0); the questions' features are built once per compile.
+
+    Args:
+        theta: 0 picks for diversity alone, 1 for difficulty alone.
+    """
+
+    def __init__(self, *, theta: float):
+        _check_theta(theta)
+        self.theta = theta
+        self._features: QuestionFeatures | None = None
+
+    def draw(self, step: int, k: int, eligible: list[int], state: RunState, data: RunData) -> list[int]:
+        difficulties = None
+        scored = [c for c in state.scored() if c.scores]
+        if step > 0 and scored:
+            difficulties = []
+            for i in eligible:
+                values = [score for c in scored if (score := c.scores[i]) is not None]
+                difficulties.append(1.0 - sum(values) / len(values) if values else 1.0)
+        if self._features is None:
+            self._features = QuestionFeatures.build([data.question(i) for i in range(len(data.trainset))])
+        picked = self._features.select(difficulties, k, subset=eligible, theta=self.theta)
+        return sorted(eligible[j] for j in picked.indices)

@@ -1,24 +1,33 @@
-"""Label-free OPRO: score candidates by pairwise preference against the starting program's trajectories.
+"""Label-free OPRO: a metric that scores candidates by pairwise preference against the starting program's runs.
 
-The run scores the starting program first with no metric: each of its runs is rendered as a trajectory and kept as
-the anchor of that example (in the run record, so a resumed run reuses it). Every candidate then runs on the same
-examples, and :class:`AnchorPreferenceMetric` - used where a metric would be - asks the judge how much better the
-candidate's trajectory is than the anchor, mapping the preference from [-10, 10] onto the [0, 1] score OPRO expects.
-The anchor itself scores 0.5 (comparable to itself), so the meta-prompt and the rest of the loop are unchanged.
-:class:`Anchors` keeps the anchors in the run record (``state.anchors``) and hands them to the metric.
+``metric=PairwisePreference(judge_model=...)`` runs OPRO without labels. The step loop scores the program as given
+first with :meth:`PairwisePreference.anchor_metric`: each of its runs is rendered as a trajectory (the *anchor* of
+that example), kept in the run record (so a resumed run reuses it) and handed back with
+:meth:`PairwisePreference.add_anchor`; the program as given scores 0.5, comparable to itself. Every candidate then
+runs on the same examples, and the metric asks the judge (:class:`dspy_opro.extensions.judge.PairwiseJudge`) how
+much better the candidate's trajectory is than the anchor, mapping the preference from [-10, 10] onto the [0, 1]
+score OPRO expects, so the meta-prompt and the rest of the loop are unchanged. The result is selected by
+:class:`LabelFreeGate`: the best candidate is returned only if it is preferred over the program as given, on the
+valset when there is one.
+
+The metric is the seam (:class:`dspy_opro.scoring.evaluation.AnchoredMetric`): nothing in the step loop imports this
+module.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import dspy
 
-from dspy_opro.task.data import RunData
+from dspy_opro.compat import user_stacklevel
 from dspy_opro.errors import clean_text
-from dspy_opro.scoring.evaluation import ExampleResult
 from dspy_opro.extensions.judge import PairwiseJudge, preference_to_score, render_inputs, render_trajectory
-from dspy_opro.record.state import RunState, digest
+from dspy_opro.record.state import START_ID, Candidate, RunState, Selection, digest
+from dspy_opro.selection import start_of
+
+ANCHOR_SCORE = 0.5  # the starting program against itself
 
 
 def example_key(example: dspy.Example) -> str:
@@ -26,62 +35,115 @@ def example_key(example: dspy.Example) -> str:
     return digest(dict(example.inputs().items()))
 
 
-def anchor_text(result: ExampleResult) -> str:
-    """The rendered trajectory of one run of the starting program (cleaned of lone surrogates).
-
-    Only a run that answered or that the program itself failed (``ok``, ``failed``) makes an anchor; an outage
-    (``infra``) is no trajectory, and the caller scores the start again instead of storing it.
-    """
-    if result.outcome == "failed":
-        return clean_text(f"The program failed: {result.error}")
-    if result.outcome != "ok":
-        raise ValueError(f"a {result.outcome!r} run is no anchor: {result.error}")
-    return clean_text(render_trajectory(result.prediction, result.trace))
-
-
-class AnchorPreferenceMetric:
-    """A metric that judges a candidate's run against the starting program's run on the same example.
-
-    Args:
-        judge_lm: The LM that judges; None: the task model in the current DSPy context.
-        both_orders: Judge each pair in both positions (two judge calls instead of one).
-    """
-
-    def __init__(self, *, judge_lm: dspy.BaseLM | None = None, both_orders: bool = False):
-        self.judge = PairwiseJudge(judge_lm, both_orders=both_orders)
-        self.anchors: dict[str, str] = {}
+class _AnchorRecorder:
+    """The metric of the starting program's runs: renders each run as its example's anchor; scores 0.5."""
 
     def __call__(self, example: dspy.Example, prediction: Any, trace: Any = None) -> dspy.Prediction:
-        anchor = self.anchors.get(example_key(example))
+        if isinstance(prediction, BaseException):  # a run the program failed is an anchor too
+            text = f"The program failed: {type(prediction).__name__}: {prediction}"
+        else:
+            text = render_trajectory(prediction, trace)
+        return dspy.Prediction(score=ANCHOR_SCORE, anchor=clean_text(text))
+
+
+class PairwisePreference:
+    """Label-free OPRO's metric: a judge compares each candidate's run with the starting program's run.
+
+    Args:
+        judge_model: The model that judges (a ``dspy.LM`` or a LiteLLM model string). None: the task model judges
+            its own runs.
+        both_orders: Judge each pair in both positions, cancelling position bias (two judge calls per example
+            instead of one).
+
+    Example:
+        ```python
+        optimizer = OPROTeleprompter(metric=PairwisePreference(judge_model=lm), prompt_model=lm)
+        ```
+    """
+
+    def __init__(self, judge_model: dspy.BaseLM | str | None = None, *, both_orders: bool = False):
+        if judge_model is not None and not isinstance(judge_model, (dspy.BaseLM, str)):
+            raise TypeError(f"judge_model must be a dspy.LM or a LiteLLM model string such as 'openai/gpt-4o'; got "
+                            f"{judge_model!r}")
+        if isinstance(judge_model, str) and not judge_model.strip():
+            raise ValueError("judge_model is an empty string; pass a LiteLLM model string such as 'openai/gpt-4o'")
+        if not isinstance(both_orders, bool):
+            raise ValueError(f"both_orders must be a bool (True or False); got {both_orders!r}")
+        self.judge_model = dspy.LM(judge_model, engine="litellm") if isinstance(judge_model, str) else judge_model
+        self.both_orders = both_orders
+        self._judge = PairwiseJudge(self.judge_model, both_orders=both_orders)
+        self._anchors: dict[str, str] = {}
+
+    def __call__(self, example: dspy.Example, prediction: Any, trace: Any = None) -> dspy.Prediction:
+        anchor = self._anchors.get(example_key(example))
         if anchor is None:
             raise KeyError("no anchor trajectory for this example: the starting program has not run on it")
-        judgment = self.judge.compare(render_inputs(example), anchor, render_trajectory(prediction, trace))
+        judgment = self._judge.compare(render_inputs(example), anchor, render_trajectory(prediction, trace))
         return dspy.Prediction(score=preference_to_score(judgment.preference), feedback=judgment.rationale,
                                preference=judgment.preference, parsed=judgment.parsed)
 
+    # The AnchoredMetric seam -----------------------------------------------------------------------------------
 
-class Anchors:
-    """The starting program's trajectories: stored in the run record, handed to the preference metric.
+    def anchor_metric(self) -> _AnchorRecorder:
+        """The metric the starting program's runs are scored by."""
+        return _AnchorRecorder()
 
-    Args:
-        state: The run record (``state.anchors`` maps ``"split:index"`` to the anchor text).
-        data: The run's examples, to key each anchor by its example's inputs.
-        metric: The preference metric that judges candidates against the anchors.
-    """
+    def add_anchor(self, example: dspy.Example, text: str) -> None:
+        """Judge later runs on ``example`` against ``text``."""
+        self._anchors[example_key(example)] = text
 
-    def __init__(self, state: RunState, data: RunData, metric: AnchorPreferenceMetric):
-        self.state, self.data, self.metric = state, data, metric
-        for key, text in state.anchors.items():  # a resumed run judges against the anchors it recorded
-            split, index = key.split(":")
-            metric.anchors[example_key(data.examples(split)[int(index)])] = text
+    def selection_policy(self) -> LabelFreeGate:
+        return LabelFreeGate()
 
-    def store(self, result: ExampleResult) -> str:
-        """Keep the starting program's run ``result`` as its example's anchor; it scores 0.5 against itself.
+    def settings(self) -> dict[str, Any]:
+        """What the run records and fingerprints of this metric."""
+        model = self.judge_model
+        return {"judge_model": getattr(model, "model", None) if model is not None else None,
+                "both_orders": self.both_orders}
 
-        A run the program failed keeps its outcome, so the error is recorded on the start.
-        """
-        text = anchor_text(result)
-        self.state.anchors[f"{result.split}:{result.index}"] = text
-        self.metric.anchors[example_key(self.data.examples(result.split)[result.index])] = text
-        result.score = 0.5
-        return text
+    def __repr__(self) -> str:
+        return f"PairwisePreference(judge_model={self.settings()['judge_model']!r}, both_orders={self.both_orders})"
+
+
+class LabelFreeGate:
+    """Return the best candidate only if its mean preference over the program as given (``20 * score - 10``) is
+    above 0: on the valset, whose anchors are scored first, when there is one; else on training, with a warning."""
+
+    uses_valset = True
+
+    def planned_evaluations(self, n_val: int) -> int:
+        return 2 * n_val  # the validation anchors and the best candidate
+
+    def validation_phases(self, state: RunState, *, has_valset: bool) -> list[list[Candidate]]:
+        best = state.best()
+        if best is None or best.id == START_ID or not has_valset:
+            return []
+        return [[start_of(state)], [best]]  # the starting program's runs are the validation anchors
+
+    def decide(self, state: RunState, *, has_valset: bool) -> Selection:
+        best = state.best()
+        if best is None or best.id == START_ID:
+            return Selection(candidate_id=START_ID, selected_by="start",
+                             reason="no candidate was preferred over the starting program on training")
+        if not has_valset:
+            warnings.warn("label-free OPRO without a valset gates on the training examples, which the search "
+                          "already selected on; pass a valset for an unbiased gate", stacklevel=user_stacklevel())
+            return label_free_gate(best, best.score, "training")
+        return label_free_gate(best, best.val_score, "validation")
+
+
+def label_free_gate(best: Candidate, gate_score: float | None, where: str) -> Selection:
+    """Accept ``best`` only if its mean preference over the starting program (``20 * score - 10``) is above 0."""
+    if gate_score is None:
+        return Selection(candidate_id=START_ID, selected_by="start",
+                         reason="the gate could not be evaluated (budget or LM failures)")
+    mean_preference = 20 * gate_score - 10
+    if mean_preference > 0:
+        return Selection(candidate_id=best.id, selected_by="val_gate",
+                         reason=f"mean {where} preference {mean_preference:+.2f} over the starting program is above 0")
+    return Selection(candidate_id=START_ID, selected_by="start",
+                     reason=f"mean {where} preference {mean_preference:+.2f} over the starting program is not above "
+                            "0; returning the program unchanged")
+
+
+__all__ = ["ANCHOR_SCORE", "LabelFreeGate", "PairwisePreference", "example_key", "label_free_gate"]

@@ -45,6 +45,7 @@ alone, never on the arrival order.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Sequence
@@ -52,6 +53,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+
+from dspy_opro.record.state import Candidate, RaceLook, RaceRecord
+from dspy_opro.scoring.scorer import PlanDecision
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +80,7 @@ def check_alpha(alpha: float) -> None:
         ValueError: When ``alpha`` is not a number strictly between 0 and 1.
     """
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or math.isnan(alpha) or not 0.0 < alpha < 1.0:
-        raise ValueError(f"racing_alpha must be a number in (0, 1), for example 0.05, got {alpha!r}")
+        raise ValueError(f"Racing(alpha=...) must be a number in (0, 1), for example 0.05, got {alpha!r}")
 
 
 def example_order(n: int, *, seed: int) -> list[int]:
@@ -344,3 +348,66 @@ class Race:
                 self._worse += 1
             else:
                 self._better += 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The scoring policy
+
+
+class RacingPolicy:
+    """The scoring policy of ``racing``: a step's new candidates race the best at the start of their step.
+
+    Every candidate runs its examples block by block in the shared seeded order (:func:`example_order`), the next
+    block only once the previous look is decided, and a candidate the test finds worse is stopped (``raced_out``)
+    with its partial mean. Recorded scores are replayed into each race first, so a resumed race takes the same
+    decisions.
+
+    Args:
+        alpha: The test's level.
+        seed: The run's seed (the example order and the rounding of fractional differences).
+    """
+
+    def __init__(self, *, alpha: float, seed: int):
+        check_alpha(alpha)
+        self.alpha, self.seed = alpha, seed
+
+    def plan(self, candidates: Sequence[Candidate], baseline: Candidate) -> RacingPlan:
+        return RacingPlan(candidates, baseline, alpha=self.alpha, seed=self.seed)
+
+
+class RacingPlan:
+    """The races of one phase: one :class:`Race` per candidate against the same baseline."""
+
+    def __init__(self, candidates: Sequence[Candidate], baseline: Candidate, *, alpha: float, seed: int):
+        n = len(baseline.scores)
+        order = example_order(n, seed=seed)
+        schedule = RacingSchedule.build(n)
+        baseline_scores = [score for score in baseline.scores if score is not None]
+        if len(baseline_scores) != n:
+            raise ValueError(f"candidate {baseline.id} is not scored on every training example, so it cannot be raced")
+        self._against = baseline.id
+        self._races: dict[int, Race] = {}
+        for candidate in candidates:
+            race = Race(best_scores=baseline_scores, order=order, schedule=schedule, alpha=alpha, seed=seed,
+                        stream=candidate.id)
+            for index, value in enumerate(candidate.scores):  # a race's decisions do not depend on arrival order
+                if value is not None:
+                    race.record(index, value)
+            self._races[candidate.id] = race
+
+    def next_round(self) -> dict[int, list[int]]:
+        return {cid: needed for cid, race in self._races.items() if (needed := race.needed())}
+
+    def record(self, candidate_id: int, index: int, score: float) -> None:
+        self._races[candidate_id].record(index, score)
+
+    def decision(self, candidate_id: int) -> PlanDecision | None:
+        race = self._races[candidate_id]
+        decision = race.decision
+        if decision.action == "continue":
+            return None
+        stopped = decision.action == "stop"
+        record = RaceRecord(against=self._against, examples=decision.examples, n=race.n,
+                            looks=[RaceLook(**dataclasses.asdict(look)) for look in race.looks],
+                            stopped_at=decision.examples if stopped else None)
+        return PlanDecision(stopped=stopped, mean=decision.mean, reason=decision.reason, race=record)

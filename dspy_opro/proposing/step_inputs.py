@@ -2,18 +2,19 @@
 
 The history of a predictor is its instruction in the program as given and its scored initial instructions (both
 step -1), then every scored instruction proposed for it, each with its training score (a raced-out one with its
-partial mean); :func:`dspy_opro.proposing.meta_prompt.gen_meta_prompt` sorts, filters and buckets it as the authors do. The
-problems are drawn by :class:`ExemplarPicker`: the authors' uniform draw (``"random"`` or ``"constant"``,
-:func:`dspy_opro.proposing.exemplars.draw_exemplar_indices`) or the hard-and-diverse DPP (:mod:`dspy_opro.extensions.hard_diverse`), from
-every training example that has something to show as its answer.
+partial mean); :func:`dspy_opro.proposing.meta_prompt.gen_meta_prompt` sorts, filters and buckets it as the
+authors do. The problems are drawn by :class:`ExemplarPicker` with an :class:`ExemplarPolicy`: the authors' uniform
+draw (:class:`UniformExemplars`, ``"random"`` or ``"constant"``) or an extension's (the hard-and-diverse DPP,
+:mod:`dspy_opro.extensions.hard_diverse`), from every training example that has something to show as its answer.
 """
 
 from __future__ import annotations
 
-from dspy_opro.config import OPROConfig
-from dspy_opro.task.data import RunData
+from typing import Protocol
+
 from dspy_opro.proposing.exemplars import NO_REFERENCE_NOTE, draw_exemplar_indices, render_fields
 from dspy_opro.record.state import Candidate, RunState
+from dspy_opro.task.data import RunData
 
 
 def predictor_history(state: RunState, predictor: str) -> list[tuple[str, float, int]]:
@@ -30,13 +31,40 @@ def predictor_history(state: RunState, predictor: str) -> list[tuple[str, float,
     return history
 
 
-class ExemplarPicker:
-    """Draws a step's training problems and renders them as (question, answer) pairs."""
+class ExemplarPolicy(Protocol):
+    """Which training problems a step's meta-prompt shows."""
 
-    def __init__(self, config: OPROConfig, data: RunData):
-        self.config = config
-        self.data = data
-        self._features = None  # hard_diverse: the questions' features, built once per compile
+    def draw(self, step: int, k: int, eligible: list[int], state: RunState, data: RunData) -> list[int]:
+        """``k`` of the ``eligible`` training indices for ``step``, sorted."""
+        ...
+
+
+class UniformExemplars:
+    """The authors' draw: ``"random"`` (a new uniform draw per step) or ``"constant"`` (the step-0 draw every step).
+
+    Args:
+        criteria: ``"random"`` or ``"constant"``.
+        seed: The run's seed; 0 reproduces the authors' draws.
+    """
+
+    def __init__(self, *, criteria: str, seed: int):
+        self.criteria, self.seed = criteria, seed
+
+    def draw(self, step: int, k: int, eligible: list[int], state: RunState, data: RunData) -> list[int]:
+        return draw_exemplar_indices(eligible, k, step, seed=self.seed, criteria=self.criteria)
+
+
+class ExemplarPicker:
+    """Draws a step's training problems with an exemplar policy and renders them as (question, answer) pairs.
+
+    Args:
+        policy: Which problems to show (:class:`UniformExemplars`, or an extension's policy).
+        data: The run's examples.
+        num_exemplars: How many problems a meta-prompt shows.
+    """
+
+    def __init__(self, *, policy: ExemplarPolicy, data: RunData, num_exemplars: int):
+        self.policy, self.data, self.num_exemplars = policy, data, num_exemplars
 
     def _has_answer(self, index: int, predictor: str, best: Candidate | None) -> bool:
         if self.data.label_fields(index, predictor):
@@ -46,26 +74,11 @@ class ExemplarPicker:
 
     def draw(self, step: int, predictor: str, state: RunState) -> list[int]:
         """The sorted training indices shown at ``step``."""
-        config, best = self.config, state.best()
+        best = state.best()
         # The authors draw from every training example; only one with neither a usable label nor a usable answer
         # (the best program's output the metric accepted, or the metric's feedback) has nothing to show.
         eligible = [i for i in range(len(self.data.trainset)) if self._has_answer(i, predictor, best)]
-        k = min(config.num_exemplars, len(eligible))
-        if config.exemplar_selection != "hard_diverse":
-            return draw_exemplar_indices(eligible, k, step, seed=config.seed, criteria=config.exemplar_selection)
-        from dspy_opro.extensions.hard_diverse import QuestionFeatures
-
-        difficulties = None
-        scored = [c for c in state.scored() if c.scores]
-        if step > 0 and scored:
-            difficulties = []
-            for i in eligible:
-                values = [c.scores[i] for c in scored if c.scores[i] is not None]
-                difficulties.append(1.0 - sum(values) / len(values) if values else 1.0)
-        if self._features is None:
-            self._features = QuestionFeatures.build([self.data.question(i) for i in range(len(self.data.trainset))])
-        picked = self._features.select(difficulties, k, subset=eligible, theta=config.diversity_theta)
-        return sorted(eligible[j] for j in picked.indices)
+        return self.policy.draw(step, min(self.num_exemplars, len(eligible)), eligible, state, self.data)
 
     def pairs(self, indices: list[int], predictor: str, state: RunState) -> list[tuple[str, str]]:
         """The drawn problems as (question, answer): the labels, else the best program's recorded answer."""
@@ -81,4 +94,4 @@ class ExemplarPicker:
         return pairs
 
 
-__all__ = ["ExemplarPicker", "predictor_history"]
+__all__ = ["ExemplarPicker", "ExemplarPolicy", "UniformExemplars", "predictor_history"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -57,13 +58,16 @@ def check_log_dir_writable(log_dir: str) -> None:
                           "folder you can write to, on a disk with free space.") from exc
 
 
-def _default_file_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-_FILE_MODE = _default_file_mode()
+def _temporary_file(folder: Path) -> tuple[int, str]:
+    """A new file beside ``state.json``, created with mode 0666 less the umask, as every other file the run writes
+    (``mkstemp`` would make it 0600; reading the umask would change it, process-wide, for a moment)."""
+    for _ in range(100):
+        path = folder / f".state-{secrets.token_hex(8)}.tmp"
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), str(path)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a temporary file in {folder}")
 
 
 def save_state(state: RunState, log_dir: str | os.PathLike[str]) -> Path:
@@ -72,9 +76,8 @@ def save_state(state: RunState, log_dir: str | os.PathLike[str]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / STATE_FILE
     payload = state.model_dump_json()
-    fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".tmp", dir=folder)
+    fd, tmp = _temporary_file(folder)
     try:
-        os.chmod(tmp, _FILE_MODE)  # mkstemp creates 0600; state.json gets the mode of every other file written
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(payload)
             handle.flush()
@@ -114,6 +117,9 @@ def load_state(log_dir: str | os.PathLike[str]) -> RunState | None:
         raise StateFileError(f"{path} is corrupt: it holds JSON but not an OPRO run record. Restore it from a backup, "
                              "or delete the log_dir to start a fresh run.")
     version = data.get("schema_version")
+    if version == 1:
+        data = _from_version_1(data)
+        version = SCHEMA_VERSION
     if version != SCHEMA_VERSION:
         raise StateFileError(
             f"{path} has schema version {version!r}; this dspy-opro reads version {SCHEMA_VERSION}. "
@@ -123,6 +129,16 @@ def load_state(log_dir: str | os.PathLike[str]) -> RunState | None:
         return RunState.model_validate(data)
     except ValidationError as exc:
         raise StateFileError(f"{path} does not hold a valid OPRO run record: {exc}") from exc
+
+
+def _from_version_1(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 record in version 2's layout: a candidate a budget stopped was ``unscored`` with a reason that
+    began "cut short"; it is ``cut_short`` now."""
+    for candidate in data.get("candidates") or []:
+        if (isinstance(candidate, dict) and candidate.get("status") == "unscored"
+                and str(candidate.get("reason") or "").startswith("cut short")):
+            candidate["status"] = "cut_short"
+    return {**data, "schema_version": SCHEMA_VERSION}
 
 
 def _shown(value: Any) -> str:

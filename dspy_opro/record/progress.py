@@ -12,9 +12,10 @@ Jupyter kernel's stream. Written to a file, a pipe or a CI log, the bars stay of
 rule, with notebooks let in), since a bar redrawn there is a line of text per refresh; ``dspy.Evaluate`` instead
 draws wherever stdout goes. ``display_progress=False`` turns them off everywhere.
 
-While bars are on, the console handlers of the ``dspy_opro`` and ``dspy`` loggers and of the root logger (DSPy's
-logging stream, ``sys.stderr``, ``sys.stdout``) write through the open bar, as ``tqdm.write`` does for ``print``: the
-bar is cleared, the line written whole, the bar drawn again. The handlers get their streams back when the run ends.
+While bars are on, the console handlers of the ``dspy_opro`` and ``dspy`` loggers (and only theirs: DSPy's logging
+stream, ``sys.stderr``, ``sys.stdout``) write through the open bar, as ``tqdm.write`` does for ``print``: the bar is
+cleared, the line written whole, the bar drawn again. When the run ends, every handler it changed gets back exactly
+the stream it had, unless something else replaced the stream meanwhile.
 
 :func:`import_litellm_announced` explains the other silence of a run: LiteLLM's first import takes seconds.
 """
@@ -34,7 +35,7 @@ from dspy_opro.record.state import START_ID, Candidate
 
 logger = logging.getLogger(__name__)
 
-ROUTED_LOGGERS = ("dspy_opro", "dspy", "")  # "" is the root logger
+ROUTED_LOGGERS = ("dspy_opro", "dspy")  # the loggers whose console handlers write around an open bar
 
 
 def shows_bars(stream: Any) -> bool:
@@ -92,7 +93,7 @@ class Progress:
         self.file = file
         self.bar: tqdm.tqdm | None = None
         self._postfix = ""
-        self._routed: list[tuple[logging.StreamHandler, Any]] = []
+        self._routed: list[tuple[logging.StreamHandler[Any], Any, _ThroughBar]] = []
 
     def start_phase(self, desc: str, total: int) -> None:
         """Open the bar of a phase that runs ``total`` evaluations (none for an empty phase or with bars off)."""
@@ -128,8 +129,8 @@ class Progress:
     def close(self) -> None:
         """End the open phase and give the log handlers their streams back."""
         self.end_phase()
-        for handler, stream in self._routed:
-            if isinstance(handler.stream, _ThroughBar):
+        for handler, stream, wrapper in self._routed:
+            if handler.stream is wrapper:  # restore only what this run changed and nobody changed since
                 handler.setStream(stream)
         self._routed = []
 
@@ -142,9 +143,9 @@ class Progress:
                 console = (isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
                            and any(handler.stream is stream for stream in consoles))
                 if console:
-                    original = handler.stream
-                    handler.setStream(_ThroughBar(original, self))
-                    self._routed.append((handler, original))
+                    original, wrapper = handler.stream, _ThroughBar(handler.stream, self)
+                    handler.setStream(wrapper)
+                    self._routed.append((handler, original, wrapper))
 
 
 def import_litellm_announced(models: Iterable[tuple[str, Any]]) -> bool:

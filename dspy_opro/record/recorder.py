@@ -20,12 +20,9 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Callable
 from pathlib import Path
 
-from dspy_opro.config import OPROConfig
 from dspy_opro.errors import LogDirError, describe_exception
-from dspy_opro.scoring.evaluation import ExampleResult
 from dspy_opro.record.files import (
     STATE_FILE,
     LogDirLock,
@@ -36,18 +33,33 @@ from dspy_opro.record.files import (
     load_state,
     save_state,
 )
-from dspy_opro.scoring.scorer import CUT_SHORT, LM_FAILURES, Budget
-from dspy_opro.record.state import Candidate, Fingerprint, ModelUsage, RunState, record_result
+from dspy_opro.record.state import (
+    Candidate,
+    CandidateStatus,
+    Fingerprint,
+    ModelUsage,
+    RunState,
+    budget_spent,
+    record_result,
+)
 
 logger = logging.getLogger(__name__)
 
 
 class RunRecorder:
-    """The run record's persistence for one compile (a no-op without ``log_dir``)."""
+    """The run record's persistence for one compile (a no-op without ``log_dir``).
 
-    def __init__(self, config: OPROConfig):
-        self.config = config
-        self.log_dir = config.log_dir
+    Args:
+        log_dir: The run's folder, or None.
+        num_steps: The run's steps (a finished run with fewer continues).
+        max_metric_calls: The evaluation budget (a run it stopped continues when it grew).
+        max_cost: The cost budget (likewise).
+    """
+
+    def __init__(self, log_dir: str | None, *, num_steps: int, max_metric_calls: int | None,
+                 max_cost: float | None):
+        self.num_steps, self.max_metric_calls, self.max_cost = num_steps, max_metric_calls, max_cost
+        self.log_dir = log_dir
         self._lock = LogDirLock(self.log_dir) if self.log_dir else None
         self._journal = ProgressJournal(self.log_dir) if self.log_dir else None
         if self.log_dir:
@@ -56,10 +68,13 @@ class RunRecorder:
     # ------------------------------------------------------------------------------------------------------------
     # Opening
 
-    def open(self, fingerprint: Fingerprint, new_record: Callable[[], RunState]) -> RunState:
-        """The saved run record (checked, replayed, reopened as the settings allow), or ``new_record()``."""
+    def open(self, fingerprint: Fingerprint) -> RunState | None:
+        """The saved run record (checked, replayed, reopened as the settings allow), or None for a new run.
+
+        With a ``log_dir`` and no saved record, the lock is held for the new run all the same.
+        """
         if not self.log_dir:
-            return new_record()
+            return None
         saved = load_state(self.log_dir)
         if saved is not None and saved.selection is not None and not self._wants_more_steps(saved):
             # A finished run: its result needs no lock, so a read-only log_dir still returns it.
@@ -68,11 +83,12 @@ class RunRecorder:
                 self._lock = None
                 return saved
         check_log_dir_writable(self.log_dir)
+        assert self._lock is not None
         self._lock.acquire()
         try:
             saved = load_state(self.log_dir)  # read again under the lock: another run may have just written it
             if saved is None:
-                return new_record()
+                return None
             check_fingerprint(saved, fingerprint, self.log_dir)
             self._replay_journal(saved)
             logger.info("Resuming the OPRO run in %s: %d candidates, %d steps recorded", self.log_dir,
@@ -96,7 +112,7 @@ class RunRecorder:
                 if candidate is None or entry.get("d") != candidate.md5:
                     continue
                 scores = candidate.scores if split == "train" else candidate.val_scores
-                if split == "train" and candidate.status != "pending":
+                if split == "train" and candidate.status != CandidateStatus.PENDING:
                     continue
                 if split == "val" and scores is None:
                     scores = candidate.val_scores = [None] * state.val_size
@@ -114,15 +130,13 @@ class RunRecorder:
             state.metric_calls += 1
 
     def _wants_more_steps(self, state: RunState) -> bool:
-        return self.config.num_steps > len(state.steps) and state.status != "stopped"
+        return self.num_steps > len(state.steps) and state.status != "stopped"
 
     def _budget_allows_more(self, state: RunState) -> bool:
         """Whether a run its budget stopped continues now: the budget allows more than it had."""
         if state.status != "stopped":
             return False
-        budget = Budget(self.config.max_metric_calls, self.config.max_cost, metric_calls=state.metric_calls,
-                        cost_so_far=lambda: state.usage.total_cost)
-        return budget.exhausted() is None
+        return budget_spent(state, max_metric_calls=self.max_metric_calls, max_cost=self.max_cost) is None
 
     def _reopen(self, state: RunState) -> None:
         """Let a saved run continue where the settings now allow it."""
@@ -130,31 +144,32 @@ class RunRecorder:
             logger.info("The saved run stopped (%s); the budget now allows more, so it continues", state.stop_reason)
             state.status, state.stop_reason, state.selection = "running", None, None
             for candidate in state.candidates:
-                if candidate.status == "unscored" and (candidate.reason or "").startswith(CUT_SHORT):
-                    candidate.status, candidate.reason = "pending", None
+                if candidate.status == CandidateStatus.CUT_SHORT:
+                    candidate.status, candidate.reason = CandidateStatus.PENDING, None
         if state.selection is not None and self._wants_more_steps(state):
             logger.info("The saved run finished after %d steps; num_steps=%d continues it", len(state.steps),
-                        self.config.num_steps)
+                        self.num_steps)
             state.status, state.selection = "running", None
-            state.config["num_steps"] = self.config.num_steps
+            state.config["num_steps"] = self.num_steps
         if state.status in ("failed", "interrupted") and state.selection is None:
             logger.info("The saved run was %s (%s); it continues", state.status, state.stop_reason)
             state.status, state.stop_reason = "running", None
         if state.selection is None:  # candidates an outage left unscored are tried again
             for candidate in state.candidates:
-                if candidate.status == "unscored" and (candidate.reason or "").startswith(LM_FAILURES):
-                    candidate.status, candidate.reason = "pending", None
+                if candidate.status == CandidateStatus.UNSCORED:
+                    candidate.status, candidate.reason = CandidateStatus.PENDING, None
 
     # ------------------------------------------------------------------------------------------------------------
     # Writing
 
-    def journal(self, candidate: Candidate, result: ExampleResult, anchor: str | None = None) -> None:
+    def journal(self, candidate: Candidate, *, index: int, split: str, outcome: str, score: float | None,
+                error: str | None, answer: str | None, usage: dict[str, ModelUsage], anchor: str | None) -> None:
         """Journal one finished evaluation: the candidate's instruction digest, the outcome and what it cost."""
         if self._journal is None:
             return
-        entry = {"c": result.candidate_id, "d": candidate.md5, "i": result.index, "o": result.outcome,
-                 "s": result.score, "e": result.error, "a": result.answer, "split": result.split,
-                 "u": {model: usage.model_dump() for model, usage in result.usage.items()}}
+        entry: dict[str, object] = {
+            "c": candidate.id, "d": candidate.md5, "i": index, "o": outcome, "s": score, "e": error, "a": answer,
+            "split": split, "u": {model: value.model_dump() for model, value in usage.items()}}
         if anchor is not None:
             entry["t"] = anchor
         self._journal.append(entry)
@@ -180,7 +195,7 @@ class RunRecorder:
         self._journal.clear()
         if final:
             try:
-                from dspy_opro.record.report import write_run_report
+                from dspy_opro.record.report import write_run_report  # matplotlib, when drawn, only here
 
                 write_run_report(state, self.log_dir)
             except Exception as exc:  # a report must never cost the run

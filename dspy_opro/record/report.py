@@ -25,7 +25,7 @@ from typing import Any
 
 from dspy_opro.record.markdown import DASH, cell, code, fenced, fmt_cost, fmt_pct, fmt_row_pct, inline, pct, table
 from dspy_opro.record.plot import PLOT_INSTALL_HINT, plot_trajectory  # noqa: F401 (re-exported; the plot lives there)
-from dspy_opro.record.state import Candidate, ModelUsage, RunState, Step, UsageRecord, best_candidate, ranked_candidates
+from dspy_opro.record.state import Candidate, CandidateStatus, ModelUsage, RunState, Step, UsageRecord, best_candidate, ranked_candidates
 
 __all__ = [
     "REPORT_FILE",
@@ -283,8 +283,7 @@ def render_run_report(state: RunState) -> str:
     lines.append(f"- Training examples: {state.train_size}; validation examples: {state.val_size}")
     steps_done = sum(1 for s in state.steps if s.complete)
     lines.append(f"- Steps: {len(state.steps)} ({steps_done} complete)")
-    status_text = ", ".join(f"{s} {counts[s]}" for s in ("scored", "raced_out", "unscored", "skipped", "pending")
-                            if counts[s])
+    status_text = ", ".join(f"{s} {counts[s]}" for s in CandidateStatus if counts[s])
     lines.append(f"- Candidates: {len(state.candidates)}" + (f" ({status_text})" if status_text else ""))
     lines.append(f"- Metric calls: {state.metric_calls:,}")
     lines.append(f"- Best training score: {fmt_pct(best.score) + f' ({_candidate_label(best)})' if best else DASH}")

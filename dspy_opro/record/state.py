@@ -12,16 +12,39 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
+from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: a candidate a budget stopped is "cut_short" (version 1 said "unscored" with a reason)
 START_ID = 0  # the program as given is always candidate 0 (step -1)
 
-# "raced_out": racing stopped the candidate once it was significantly worse than the best; its score is the partial
-# mean over the examples it ran (shown in meta-prompts), and it can never be the best or be returned.
-CandidateStatus = Literal["pending", "scored", "unscored", "skipped", "raced_out"]
+Split = Literal["train", "val"]
+
+
+class CandidateStatus(str, Enum):
+    """Where a candidate stands; the one place a candidate's state is kept (its ``reason`` only explains it)."""
+
+    PENDING = "pending"
+    """Not scored yet (or reopened to be scored again)."""
+    SCORED = "scored"
+    """Scored on every training example: its score is the training mean."""
+    RACED_OUT = "raced_out"
+    """Racing stopped it as worse than the best; its score is the partial mean over the examples it ran (shown in
+    meta-prompts). It is never the best and never returned."""
+    UNSCORED = "unscored"
+    """Infrastructure failures (rate limits, server errors, timeouts) left examples without a score after a retry;
+    compiling again with the same ``log_dir`` scores it again."""
+    CUT_SHORT = "cut_short"
+    """A budget stopped its scoring; a larger budget continues it."""
+    SKIPPED = "skipped"
+    """Never run: empty, too long, containing ``INS``, or a repeat of an earlier instruction."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
 ReplyFate = Literal["new", "duplicate", "empty", "too_long", "contains_ins", "no_instruction"]
 
 # Scores are mostly a handful of values (0.0, 1.0, ...): sharing one float object per value keeps a record of
@@ -147,11 +170,12 @@ class Candidate(BaseModel):
     md5: str
     """The de-duplication key: the MD5 of `instruction` as the authors compute it (for the program as given, a
     digest of `instructions`)."""
-    status: CandidateStatus = "pending"
-    """`"pending"` (not scored yet), `"scored"`, `"unscored"` (LM failures on some examples after a retry, or cut
-    short by a budget) or `"skipped"` (empty, too long, or containing `INS`: never run)."""
+    status: CandidateStatus = CandidateStatus.PENDING
+    """`"pending"` (not scored yet), `"scored"`, `"raced_out"` (stopped by racing), `"unscored"` (infrastructure
+    failures on some examples after a retry), `"cut_short"` (stopped by a budget) or `"skipped"` (empty, too long, a
+    repeat, or containing `INS`: never run)."""
     reason: str | None = None
-    """Why it is `unscored` or `skipped`."""
+    """Why it is `raced_out`, `unscored`, `cut_short` or `skipped`, in words."""
     scores: list[float | None] = Field(default_factory=list)
     """One score in [0, 1] per training example, in trainset order; `None`: not run (or no result yet)."""
     failed: list[int] = Field(default_factory=list)
@@ -290,15 +314,31 @@ class RunState(BaseModel):
     """How the returned candidate was chosen; `None` until the search ends."""
 
     def scored(self) -> list[Candidate]:
-        return [c for c in self.candidates if c.status == "scored"]
+        return [c for c in self.candidates if c.status == CandidateStatus.SCORED]
 
     def with_scores(self) -> list[Candidate]:
         """The candidates a meta-prompt shows: the fully scored ones and the raced-out ones (partial means)."""
-        return [c for c in self.candidates if c.status in ("scored", "raced_out") and c.score is not None]
+        shown = (CandidateStatus.SCORED, CandidateStatus.RACED_OUT)
+        return [c for c in self.candidates if c.status in shown and c.score is not None]
 
     def best(self) -> Candidate | None:
         """The best scored candidate on training; the earliest wins a tie (:func:`best_candidate`)."""
         return best_candidate(self.candidates)
+
+
+def budget_spent(state: RunState, *, max_metric_calls: int | None, max_cost: float | None,
+                 in_flight: int = 0) -> str | None:
+    """Why the budget allows no further evaluation, with ``in_flight`` evaluations running; None while it does.
+
+    The one budget rule: the record's count of evaluations (``metric_calls``) and its recorded cost against the
+    limits.
+    """
+    if max_metric_calls is not None and state.metric_calls + in_flight >= max_metric_calls:
+        return f"max_metric_calls={max_metric_calls} reached"
+    cost = state.usage.total_cost
+    if max_cost is not None and cost >= max_cost:
+        return f"max_cost=${max_cost:g} reached (spent ${cost:.4f})"
+    return None
 
 
 def digest(value: Any) -> str:
@@ -316,7 +356,8 @@ def best_candidate(candidates: Iterable[Candidate]) -> Candidate | None:
 
 def ranked_candidates(candidates: Iterable[Candidate]) -> list[Candidate]:
     """The scored candidates, best first by :func:`best_candidate`'s rule."""
-    return sorted((c for c in candidates if c.status == "scored"), key=lambda c: (-c.score, c.id))  # type: ignore[operator]
+    scored = [c for c in candidates if c.status == CandidateStatus.SCORED and c.score is not None]
+    return sorted(scored, key=lambda c: (-(c.score or 0.0), c.id))
 
 
 def record_result(candidate: Candidate, *, index: int, split: str, outcome: str, score: float | None,

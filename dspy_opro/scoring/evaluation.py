@@ -22,7 +22,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import dspy
 
@@ -30,10 +30,42 @@ from dspy_opro.errors import EmptyResponseError, classify_exception, clean_text,
 from dspy_opro.proposing.exemplars import NO_REFERENCE_NOTE, render_fields
 from dspy_opro.record.state import ModelUsage
 from dspy_opro.scoring.usage import UsageCapture
+from dspy_opro.selection import SelectionPolicy
 
 logger = logging.getLogger(__name__)
 
 Outcome = Literal["ok", "failed", "infra", "fatal", "metric_error"]
+
+
+@runtime_checkable
+class AnchoredMetric(Protocol):
+    """A metric that scores a candidate's run against the starting program's run on the same example.
+
+    Label-free OPRO's metric (:class:`dspy_opro.extensions.label_free.PairwisePreference`) is one. With such a
+    metric the run scores the starting program with :meth:`anchor_metric` instead, whose returned prediction carries
+    the run's rendering as ``anchor``; the run keeps each anchor in the record and hands it to :meth:`add_anchor`
+    before any candidate runs on that example. Meta-prompts then show no labels, a program failure is judged like
+    any other run, and :meth:`selection_policy` decides what ``compile`` returns.
+    """
+
+    judge_model: dspy.BaseLM | None
+    """The model that judges (None: the task model); checked before the run and named when it fails."""
+
+    def anchor_metric(self) -> Callable[..., Any]:
+        """The metric of the starting program's runs: returns ``dspy.Prediction(score=..., anchor=text)``."""
+        ...
+
+    def add_anchor(self, example: dspy.Example, text: str) -> None:
+        """Judge later runs on ``example`` against ``text``."""
+        ...
+
+    def selection_policy(self) -> SelectionPolicy:
+        """How the run selects its result."""
+        ...
+
+    def settings(self) -> dict[str, Any]:
+        """JSON-able settings the run records and fingerprints."""
+        ...
 
 
 def metric_takes_trace(metric: Callable[..., Any]) -> bool:
@@ -137,6 +169,7 @@ class ExampleResult:
     trace: list[Any] | None = None
     stage: Literal["program", "metric"] = "program"  # where the error (if any) was raised
     model: str | None = None  # the model a fatal or infra error names, when the error says
+    anchor: str | None = None  # label-free OPRO: the starting program's run, rendered, that candidates are judged by
 
 
 # How long a failed evaluation waits for LM calls its program started on other threads and left running: they
@@ -207,13 +240,16 @@ def run_example(job: ExampleJob, *, transport_retries: int = 1) -> ExampleResult
     if job.answer_fields is not None:
         shown = None if program_error else prediction
         answer = clean_text(exemplar_answer(shown, score, metric_feedback(value), job.answer_fields))
+    anchor = getattr(value, "anchor", None)
     return ExampleResult(job.candidate_id, job.index, "failed" if program_error else "ok", score=score,
                          error=program_error, answer=answer,
-                         usage=capture.result(settle=SETTLE_SECONDS if program_error else 0.0), split=job.split)
+                         usage=capture.result(settle=SETTLE_SECONDS if program_error else 0.0), split=job.split,
+                         anchor=anchor if isinstance(anchor, str) else None)
 
 
 __all__ = [
     "SETTLE_SECONDS",
+    "AnchoredMetric",
     "ExampleJob",
     "ExampleResult",
     "Outcome",

@@ -16,8 +16,8 @@ from typing import Any
 import dspy
 
 from dspy_opro.compat import input_keys
-from dspy_opro.config import OPROConfig
 from dspy_opro.proposing.exemplars import render_fields
+from dspy_opro.record.state import Split
 from dspy_opro.task.programs import output_fields, predictor_map
 
 
@@ -48,9 +48,21 @@ class RunData:
     needs_answer: list[bool] = field(default_factory=list)  # per training example: its runs record an answer
 
     @classmethod
-    def build(cls, config: OPROConfig, program: dspy.Module, trainset: Sequence[Any],
-              valset: Sequence[Any] | None) -> RunData:
-        """Check the program and the data against the configuration; raise before any LM call."""
+    def build(cls, program: dspy.Module, trainset: Sequence[Any], valset: Sequence[Any] | None, *,
+              predictors: Sequence[str] | None, label_free: bool, valset_needed_by: str | None, num_exemplars: int,
+              max_metric_calls: int | None) -> RunData:
+        """Check the program and the data against the run's settings; raise before any LM call.
+
+        Args:
+            program: The program to optimize.
+            trainset: The training examples.
+            valset: The validation examples, if any.
+            predictors: The target predictors' names; None: all.
+            label_free: Whether labels play no part (their fields are never shown).
+            valset_needed_by: The setting that needs a valset (``"select='validation'"``), if one does.
+            num_exemplars: Problems per meta-prompt.
+            max_metric_calls: The evaluation budget, if any.
+        """
         if not isinstance(program, dspy.Module):
             raise TypeError(f"compile() needs a dspy.Module to optimize; got {type(program).__name__}")
         train = check_examples("trainset", trainset)
@@ -60,31 +72,27 @@ class RunData:
         all_predictors = list(predictor_map(program))
         if not all_predictors:
             raise ValueError("the program has no predictors (dspy.Predict and friends) whose instructions to optimize")
-        unknown = sorted(set(config.predictors or []) - set(all_predictors))
+        unknown = sorted(set(predictors or []) - set(all_predictors))
         if unknown:
             raise ValueError(f"unknown predictors {unknown}; the program's predictors are {all_predictors}")
-        if config.select == "validation" and not val:
-            raise ValueError("select='validation' needs a valset: pass compile(..., valset=...) or use select='train'")
-        if config.val_gate and not val:
-            raise ValueError("val_gate=True needs a valset: pass compile(..., valset=...)")
-        if config.num_exemplars > len(train):
+        if valset_needed_by is not None and not val:
+            raise ValueError(f"{valset_needed_by} needs a valset: pass compile(..., valset=...)")
+        if num_exemplars > len(train):
+            raise ValueError(f"num_exemplars={num_exemplars} exceeds the trainset size {len(train)}; lower it")
+        if max_metric_calls is not None and max_metric_calls < len(train):
             raise ValueError(
-                f"num_exemplars={config.num_exemplars} exceeds the trainset size {len(train)}; lower it"
-            )
-        if config.max_metric_calls is not None and config.max_metric_calls < len(train):
-            raise ValueError(
-                f"max_metric_calls={config.max_metric_calls} cannot even score the program as given on the "
+                f"max_metric_calls={max_metric_calls} cannot even score the program as given on the "
                 f"{len(train)} training examples; raise it or use a smaller trainset"
             )
-        targets = list(config.predictors or all_predictors)
-        data = cls(trainset=train, valset=val, targets=targets, label_free=config.label_free,
+        targets = list(predictors or all_predictors)
+        data = cls(trainset=train, valset=val, targets=targets, label_free=label_free,
                    output_fields={name: output_fields(program, name) for name in targets},
                    label_keys=[sorted(example.labels().keys()) for example in train])
         # Examples whose labels miss some target predictor's outputs: their runs record an exemplar answer.
         data.needs_answer = [any(not data.label_fields(i, name) for name in targets) for i in range(len(train))]
         return data
 
-    def examples(self, split: str) -> list[dspy.Example]:
+    def examples(self, split: Split) -> list[dspy.Example]:
         """The training (``"train"``) or validation (``"val"``) examples."""
         return self.trainset if split == "train" else self.valset
 
@@ -95,7 +103,7 @@ class RunData:
         labels = set(self.label_keys[index])
         return [name for name in self.output_fields[predictor] if name in labels]
 
-    def answer_fields(self, index: int, split: str) -> list[str] | None:
+    def answer_fields(self, index: int, split: Split) -> list[str] | None:
         """The label keys an evaluation uses to record an exemplar answer; None when it records none."""
         if split != "train" or not self.needs_answer[index]:
             return None

@@ -9,8 +9,8 @@ from typing import Any
 
 import dspy
 
-from dspy_opro.task.placement import AFTER_INPUTS, check_instruction_pos, place_after_inputs
 from dspy_opro.record.state import digest
+from dspy_opro.task.placement import AFTER_INPUTS, check_instruction_pos, place_after_inputs
 
 
 def predictor_map(program: dspy.Module) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import json
 import operator
 import random
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -280,6 +281,7 @@ def simulated_metric_with_feedback(gold, pred, trace=None, pred_name=None, pred_
 # The arithmetic tool
 # --------------------------------------------------------------------------------------------------------------
 
+_PARSE_LOCK = threading.Lock()
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
@@ -287,7 +289,8 @@ _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 def _evaluate(expression: str) -> int | float:
     if len(expression) > 200:
         raise ValueError("expression too long")
-    tree = ast.parse(expression.strip(), mode="eval")
+    with _PARSE_LOCK:  # CPython 3.11's ast.parse is not thread-safe: "AST constructor recursion depth mismatch"
+        tree = ast.parse(expression.strip(), mode="eval")
 
     def walk(node: ast.AST) -> int | float:
         if isinstance(node, ast.Expression):

@@ -1,0 +1,150 @@
+"""The fan-out of evaluations: jobs fed to threads or any executor, within the run's budget.
+
+:class:`Evaluator` feeds (candidate, example) jobs (:mod:`dspy_opro.scoring.evaluation`) to a thread pool or any
+``concurrent.futures.Executor`` (a Dask cluster included) lazily, so the ``max_metric_calls`` and ``max_cost``
+budgets stop it at an exact count, and yields each finished result in the calling thread. Every evaluation runs
+in a copy of the caller's context (DSPy's settings and active call id), as DSPy's own parallel executor does.
+
+:class:`Budget` reads what was spent from the run record (the one count of evaluations, ``metric_calls``, and the
+recorded cost) and adds the evaluations in flight, so nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from dspy_opro.compat import current_context, run_in_context
+from dspy_opro.errors import OPRORunError, describe_exception
+from dspy_opro.record.state import RunState, budget_spent
+from dspy_opro.scoring.evaluation import ExampleJob, ExampleResult, run_example
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Budget:
+    """The run's limits, checked against what its record says was spent.
+
+    Args:
+        max_metric_calls: The limit in evaluations, or None.
+        max_cost: The limit in USD, or None.
+        state: The run record: ``metric_calls`` and ``usage.total_cost`` are what was spent.
+    """
+
+    max_metric_calls: int | None
+    max_cost: float | None
+    state: RunState
+
+    def remaining_calls(self) -> int | None:
+        """Evaluations the limit still allows (None without a limit)."""
+        if self.max_metric_calls is None:
+            return None
+        return max(self.max_metric_calls - self.state.metric_calls, 0)
+
+    def exhausted(self, *, in_flight: int = 0) -> str | None:
+        """Why no further evaluation may start, with ``in_flight`` already running; None while one may."""
+        return budget_spent(self.state, max_metric_calls=self.max_metric_calls, max_cost=self.max_cost,
+                            in_flight=in_flight)
+
+
+class Batch:
+    """The results of one batch of jobs, in the order they finish; ``stop_reason`` is set once it is consumed.
+
+    Iterate it in the thread that owns the run record: a result is yielded only after it left the in-flight count,
+    and the next job starts only after the consumer has recorded it, so the budget sees every evaluation once.
+    """
+
+    def __init__(self, evaluator: Evaluator, jobs: Iterable[ExampleJob], budget: Budget):
+        self._evaluator, self._jobs, self._budget = evaluator, jobs, budget
+        self.stop_reason: str | None = None
+
+    def __iter__(self) -> Iterator[ExampleResult]:
+        evaluator, budget = self._evaluator, self._budget
+        pending: dict[cf.Future[ExampleResult], tuple[ExampleJob, int]] = {}
+        job_iter = iter(self._jobs)
+        jobs_left = True
+        try:
+            while True:
+                while jobs_left and self.stop_reason is None and len(pending) < evaluator.max_in_flight:
+                    self.stop_reason = budget.exhausted(in_flight=len(pending))
+                    if self.stop_reason is not None:
+                        break
+                    job = next(job_iter, None)
+                    if job is None:
+                        jobs_left = False
+                        break
+                    pending[evaluator.submit(job)] = (job, 0)
+                if not pending:
+                    return
+                done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                for future in done:
+                    job, resubmits = pending.pop(future)
+                    try:
+                        result = future.result()
+                    except Exception as exc:  # the worker itself failed, not the program
+                        if "pickle" in str(exc).lower():
+                            raise OPRORunError(
+                                f"the executor could not transfer an evaluation job ({describe_exception(exc)}). Jobs "
+                                "carry the program, the example, the metric and the task LM; DSPy's signatures need "
+                                "cloudpickle, so use a Dask executor (distributed.Client(...).get_executor()) "
+                                "rather than concurrent.futures.ProcessPoolExecutor, and make the metric importable"
+                            ) from exc
+                        if resubmits < 1:
+                            logger.warning("Worker failed on example %d (%s); retrying once", job.index,
+                                           describe_exception(exc))
+                            pending[evaluator.submit(job)] = (job, resubmits + 1)
+                            continue
+                        result = ExampleResult(job.candidate_id, job.index, "infra", error=describe_exception(exc),
+                                               split=job.split)
+                    yield result
+        finally:
+            for future in pending:  # an exception in the consumer, or Ctrl-C: start nothing more
+                future.cancel()
+
+
+class Evaluator:
+    """Runs (candidate, example) jobs on a thread pool or a given executor.
+
+    Args:
+        num_threads: Worker threads when no executor is given.
+        executor: Any ``concurrent.futures.Executor``; jobs are pickled if it runs them in other processes.
+    """
+
+    def __init__(self, *, num_threads: int = 1, executor: cf.Executor | None = None):
+        self.num_threads = max(1, num_threads)
+        self._external = executor
+        self._pool: cf.ThreadPoolExecutor | None = None
+
+    @property
+    def max_in_flight(self) -> int:
+        # Threads: one job per worker, so a budget check sits between every two evaluations. Other executors:
+        # a queue of twice their width hides the round trip to remote workers.
+        return self.num_threads if self._external is None else max(self.num_threads, 8) * 2
+
+    def submit(self, job: ExampleJob) -> cf.Future[ExampleResult]:
+        if self._external is not None:
+            return self._external.submit(run_example, job)
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="opro-eval")
+        # The worker adopts the caller's DSPy settings and active call id, so callbacks and tracing nest the
+        # evaluation under the compile that started it, as DSPy's own parallel executor does.
+        return self._pool.submit(run_in_context, current_context(), run_example, job)
+
+    def run(self, jobs: Iterable[ExampleJob], budget: Budget) -> Batch:
+        """The results of ``jobs``, run in order until done or the budget is spent (then ``stop_reason`` says why).
+
+        A job whose worker failed (for example a Dask worker that died) is resubmitted once and then reported as an
+        ``infra`` outcome.
+        """
+        return Batch(self, jobs, budget)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+__all__ = ["Batch", "Budget", "Evaluator"]
