@@ -74,9 +74,8 @@ def require_number(
     """
     if value is None and allow_none:
         return
-    valid = not is_bool(value) and isinstance(value, numbers.Real) and not math.isnan(value)
-    if valid:
-        number = float(value)
+    valid = False
+    if not is_bool(value) and isinstance(value, numbers.Real) and not math.isnan(number := float(value)):
         valid = (low < number if low_open else low <= number) and (number < high if high_open else number <= high)
     if not valid:
         interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"

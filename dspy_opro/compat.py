@@ -16,10 +16,12 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Any, TypeVar
 
 import dspy
 from dspy.dsp.utils.settings import thread_local_overrides
+from dspy.dsp.utils.utils import dotdict
 from dspy.utils.callback import BaseCallback
 from dspy.utils.callback_context import ACTIVE_CALL_ID
 from dspy.utils.exceptions import (
@@ -52,7 +54,7 @@ def run_in_context(context: tuple[dict[str, Any], Any], function: Callable[..., 
     callbacks and tracing nest the work under the caller's call.
     """
     overrides, call_id = context
-    token = thread_local_overrides.set({**thread_local_overrides.get(), **overrides})
+    token = thread_local_overrides.set(dotdict({**thread_local_overrides.get(), **overrides}))
     call_token = ACTIVE_CALL_ID.set(call_id)
     try:
         return function(*args)
@@ -96,14 +98,14 @@ def mark_compiled(program: dspy.Module) -> None:
     program._compiled = True
 
 
-_LIBRARY_DIRS = tuple(str(Path(module.__file__).resolve().parent) + os.sep
-                      for module in (dspy, sys.modules[__package__]))
+_LIBRARY_DIRS = tuple(str(Path(str(module.__file__)).resolve().parent) + os.sep
+                      for module in (dspy, sys.modules[__name__.rpartition(".")[0]]))
 
 
 def user_stacklevel() -> int:
     """The ``stacklevel`` of a warning issued by the caller that points at the first line outside dspy-opro and DSPy
     (DSPy wraps ``compile`` in callback handlers, so a fixed number would point into DSPy)."""
-    frame = sys._getframe(1)  # the function that calls warnings.warn: stacklevel 1
+    frame: FrameType | None = sys._getframe(1)  # the function that calls warnings.warn: stacklevel 1
     level = 1
     while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(_LIBRARY_DIRS):
         frame = frame.f_back

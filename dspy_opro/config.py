@@ -35,7 +35,7 @@ import dspy
 
 from dspy_opro.checks import require_bool, require_choice, require_int, require_number
 from dspy_opro.extensions import HardDiverse, Racing, ValGate
-from dspy_opro.proposing.initial import check_initial_instructions, initial_settings
+from dspy_opro.proposing.initial import InitialInstructions, check_initial_instructions, initial_settings
 from dspy_opro.proposing.meta_prompt import validate_meta_prompt_options
 from dspy_opro.proposing.step_inputs import ExemplarPolicy, UniformExemplars
 from dspy_opro.record.state import Fingerprint, digest
@@ -290,6 +290,16 @@ class OPROConfig:
 
     # ------------------------------------------------------------------------------------------------------------
     # What the options mean
+
+    @property
+    def folder(self) -> str | None:
+        """``log_dir`` as a string path (it is normalised at construction)."""
+        return os.fspath(self.log_dir) if self.log_dir is not None else None
+
+    @property
+    def initial(self) -> InitialInstructions | None:
+        """``initial_instructions`` as frozen at construction: a tuple of texts, or a dict of tuples per predictor."""
+        return check_initial_instructions(self.initial_instructions)
 
     @property
     def label_free(self) -> bool:

@@ -114,7 +114,8 @@ def classify_exception(exc: BaseException) -> FailureClass:
         return "fatal"
     if isinstance(exc, ContextWindowExceededError):
         return "failed"  # this example is too long for the model; others may not be
-    if is_retryable_lm_error(exc) or isinstance(exc, (LMUnexpectedError, EmptyResponseError)):
+    if (isinstance(exc, Exception) and is_retryable_lm_error(exc)) or isinstance(exc, (LMUnexpectedError,
+                                                                                         EmptyResponseError)):
         return "infra"
     if type(exc) is LMProviderError:  # an unclassified provider answer, e.g. a malformed body: transient
         return "infra"

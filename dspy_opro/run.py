@@ -47,6 +47,7 @@ from dspy_opro.record.state import (
     Split,
     Step,
     digest,
+    no_scores,
     ranked_candidates,
     record_result,
 )
@@ -82,7 +83,7 @@ class OPRORun:
         self.data = RunData.build(student, trainset, valset, predictors=config.predictors,
                                   label_free=self.anchored is not None, valset_needed_by=config.valset_needed_by,
                                   num_exemplars=config.num_exemplars, max_metric_calls=config.max_metric_calls)
-        self.initial = initial_by_predictor(config.initial_instructions, targets=self.data.targets,
+        self.initial = initial_by_predictor(config.initial, targets=self.data.targets,
                                             all_predictors=list(predictor_map(student)))
         self.models = config.resolve_models()
         roles = (("optimizer", self.models.prompt), ("task", self.models.task), ("judge", self.models.judge))
@@ -90,7 +91,7 @@ class OPRORun:
         for role, lm in roles:
             if lm is not None:
                 check_model_ready(lm, role)
-        self.recorder = RunRecorder(config.log_dir, num_steps=config.num_steps,
+        self.recorder = RunRecorder(config.folder, num_steps=config.num_steps,
                                     max_metric_calls=config.max_metric_calls, max_cost=config.max_cost)
         self.ignores_n: set[str] = set()  # optimizer models seen answering an n request with fewer choices
         self.num_threads = config.num_threads or dspy.settings.get("num_threads") or 1
@@ -359,7 +360,7 @@ class OPRORun:
         if split == "val":
             for candidate in candidates:
                 if candidate.val_scores is None:
-                    candidate.val_scores = [None] * n
+                    candidate.val_scores = no_scores(n)
         self.progress.start_phase(phase_name(candidates, split, label_free=self.anchored is not None),
                                   evaluations_due(candidates, split, n_examples=n,
                                                   remaining_budget=self.budget.remaining_calls()))
@@ -488,12 +489,12 @@ class OPRORun:
         state = self.state
         assert state.selection is not None
         program = self.setup.program(state.candidates[state.selection.candidate_id])
-        program.candidate_programs = [
+        program.candidate_programs = [  # type: ignore[attr-defined]
             {"score": c.score, "program": self.setup.program(c), "instructions": dict(c.instructions),
              "step": c.step, "val_score": c.val_score}
             for c in ranked_candidates(state.candidates)
         ]
-        program.opro_run = state
+        program.opro_run = state  # type: ignore[attr-defined]
         mark_compiled(program)
         if self.config.instruction_pos in AFTER_INPUTS:
             logger.warning("instruction_pos=%r: the returned program carries the instruction as the default of an "

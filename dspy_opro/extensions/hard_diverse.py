@@ -113,7 +113,7 @@ def _check_k(k: int) -> None:
         raise ValueError(f"k must be a non-negative integer (the number of exemplars to pick), got {k!r}")
 
 
-def _difficulty_array(difficulties: Sequence[float] | None, n: int) -> np.ndarray:
+def _difficulty_array(difficulties: Sequence[float] | np.ndarray | None, n: int) -> np.ndarray:
     """Validate difficulties against ``n`` and return them as floats (all ones when ``None``)."""
     if is_bool(n) or not isinstance(n, (int, np.integer)) or n < 0:
         raise ValueError(f"n must be a non-negative integer (the number of examples), got {n!r}")
@@ -142,7 +142,7 @@ def _difficulty_array(difficulties: Sequence[float] | None, n: int) -> np.ndarra
 
 
 def quality_weights(
-    difficulties: Sequence[float] | None, n: int, *, theta: float = 0.7, floor: float = 0.05
+    difficulties: Sequence[float] | np.ndarray | None, n: int, *, theta: float = 0.7, floor: float = 0.05
 ) -> np.ndarray:
     """The DPP quality weights ``r_i = (max(d_i, floor) / max_j max(d_j, floor)) ** alpha``.
 
@@ -345,7 +345,7 @@ def select_hard_diverse(
 
 
 class QuestionFeatures(TextFeatures):
-    """The examples' features (see :class:`~dspy_opro.extensions.similarity.TextFeatures`) and the hard-and-diverse selection.
+    """The examples' features (:class:`~dspy_opro.extensions.similarity.TextFeatures`) and the hard-and-diverse pick.
 
     Each :meth:`select` weighs the features of the examples it may choose from and runs the greedy DPP MAP asking
     only for the kernel rows of its picks: memory grows with ``n * k``, never with ``n * n``.

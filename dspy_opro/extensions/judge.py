@@ -117,6 +117,7 @@ def _truncate_middle(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     omitted = len(text) - limit
+    head = tail = 0
     for _ in range(4):  # the marker's length depends on the count it reports; this settles in one or two rounds
         marker = f" … [{omitted} chars omitted] … "
         keep = limit - len(marker)
@@ -166,7 +167,10 @@ def _failure_line(error: BaseException) -> str:
 def _render_react(trajectory: dict[str, Any], max_observation_chars: int) -> list[str]:
     steps: dict[int, dict[str, Any]] = {}
     for key, value in trajectory.items():
-        kind, index = _REACT_KEY.match(str(key)).groups()
+        match = _REACT_KEY.match(str(key))
+        if match is None:  # _react_trajectory admits only ReAct's keys
+            continue
+        kind, index = match.groups()
         steps.setdefault(int(index), {})[kind] = value
     if not steps:
         return ["(no tool calls)"]
@@ -338,7 +342,7 @@ class PairwiseJudge:
             price of a second call.
     """
 
-    def __init__(self, judge_lm: dspy.LM | None = None, *, both_orders: bool = False) -> None:
+    def __init__(self, judge_lm: dspy.BaseLM | None = None, *, both_orders: bool = False) -> None:
         self.judge_lm = judge_lm
         self.both_orders = both_orders
         self.predict = dspy.Predict(JudgePreference)

@@ -1,11 +1,11 @@
 """Text similarity for exemplar selection: featurize questions once, then cosine-similarity rows on demand.
 
-The hard-and-diverse selection of :mod:`dspy_opro.extensions.hard_diverse` needs to know how alike two training questions are.
-This module answers that, and nothing else: it turns texts into features (TF-IDF over lowercase ``\\w+`` tokens,
-a bag of words hashed with CRC-32 into ``2**12`` buckets, or a user embedder's vectors) and gives their cosine
-similarity, either as a full ``n x n`` matrix (:func:`similarity_matrix`) or one row at a time for a subset of
-the examples (:meth:`TextFeatures.similarity_rows`), so that a selection that picks ``k`` of ``n`` examples
-never builds more than ``k`` rows. No language-model calls are made.
+The hard-and-diverse selection of :mod:`dspy_opro.extensions.hard_diverse` needs to know how alike two training
+questions are. This module answers that, and nothing else: it turns texts into features (TF-IDF over lowercase ``\\w+``
+tokens, a bag of words hashed with CRC-32 into ``2**12`` buckets, or a user embedder's vectors) and gives their cosine
+similarity, either as a full ``n x n`` matrix (:func:`similarity_matrix`) or one row at a time for a subset of the
+examples (:meth:`TextFeatures.similarity_rows`), so that a selection that picks ``k`` of ``n`` examples never builds
+more than ``k`` rows. No language-model calls are made.
 """
 
 from __future__ import annotations
@@ -199,6 +199,7 @@ class CosineRows:
         if self.dense is not None:
             out = self.dense @ self.dense[j]
         else:
+            assert self.rows is not None and self.cols is not None and self.vals is not None  # sparse rows
             lo, hi = np.searchsorted(self.rows, [j, j + 1])
             pick = np.zeros(self.width, dtype=float)
             pick[self.cols[lo:hi]] = self.vals[lo:hi]
@@ -299,6 +300,7 @@ class TextFeatures:
             norms = np.linalg.norm(sub, axis=1)
             similarity = CosineRows(n=m, dense=sub / np.where(norms == 0.0, 1.0, norms)[:, None])
         else:
+            assert self._rows is not None and self._cols is not None and self._counts is not None  # token features
             local = np.full(self.n, -1, dtype=np.int64)
             local[list(subset)] = np.arange(m)
             keep = local[self._rows] >= 0

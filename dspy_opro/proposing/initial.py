@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dspy_opro.proposing.meta_prompt import instruction_md5
-from dspy_opro.record.state import Candidate
+from dspy_opro.record.state import Candidate, CandidateStatus
 
 InitialInstructions = tuple[str, ...] | dict[str, tuple[str, ...]]
 
@@ -125,7 +125,8 @@ def initial_candidates(by_predictor: Mapping[str, Sequence[str]], *, start: Mapp
             candidate = Candidate(
                 id=first_id + len(candidates), step=-1, predictor=predictor, instruction=text,
                 instructions={**start, predictor: text}, md5=md5,
-                status="skipped" if repeats else "pending", reason=f"duplicate of {repeats}" if repeats else None,
+                status=CandidateStatus.SKIPPED if repeats else CandidateStatus.PENDING,
+                reason=f"duplicate of {repeats}" if repeats else None,
                 scores=[] if repeats else [None] * n_train)
             candidates.append(candidate)
             seen.setdefault(md5, f"candidate {candidate.id}, an earlier initial instruction")

@@ -71,7 +71,7 @@ def honours_n(lm: Any, ignores_n: set[str] | None = None) -> bool:
     return provider in _N_PROVIDERS
 
 
-def _one_call(lm: dspy.LM, meta_prompt: str, n: int, temperature: float, max_tokens: int,
+def _one_call(lm: dspy.BaseLM, meta_prompt: str, n: int, temperature: float, max_tokens: int,
               rid: int) -> tuple[list[str] | None, str | None, dict[str, ModelUsage]]:
     """One optimizer call with one extra try; returns (outputs or None, last error, usage)."""
     capture = UsageCapture()
@@ -101,7 +101,7 @@ def _reply_text(output: Any) -> str:
 
 
 def propose(
-    lm: dspy.LM,
+    lm: dspy.BaseLM,
     meta_prompt: str,
     *,
     num_candidates: int,

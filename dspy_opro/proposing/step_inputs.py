@@ -22,12 +22,13 @@ def predictor_history(state: RunState, predictor: str) -> list[tuple[str, float,
 
     A candidate racing stopped appears with its partial mean, the mean over the examples it ran.
     """
-    history = []
+    history: list[tuple[str, float, int]] = []
     for candidate in state.with_scores():
+        score = candidate.score if candidate.score is not None else 0.0  # with_scores() holds only scored ones
         if candidate.predictor is None:
-            history.append((candidate.instructions[predictor], candidate.score, -1))
+            history.append((candidate.instructions[predictor], score, -1))
         elif candidate.predictor == predictor:
-            history.append((candidate.instruction, candidate.score, candidate.step))
+            history.append((candidate.instruction, score, candidate.step))
     return history
 
 

@@ -119,8 +119,10 @@ def _best_so_far_line(scored: list[Candidate]) -> list[tuple[int, float]]:
     line: list[tuple[int, float]] = []
     best: float | None = None
     for step in sorted({c.step for c in scored}):
-        top = best_candidate(c for c in scored if c.step == step).score  # type: ignore[union-attr]
-        best = top if best is None else max(best, top)  # type: ignore[type-var]
+        leader = best_candidate(c for c in scored if c.step == step)
+        if leader is None or leader.score is None:
+            continue
+        best = leader.score if best is None else max(best, leader.score)
         line.append((step, round(best * 100, 6)))
     return line
 
@@ -272,5 +274,10 @@ def plot_trajectory(state: RunState, path: str | os.PathLike[str]) -> Path:
     figure = build_trajectory_figure(state)
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    figure.canvas.print_png(str(target))  # the figure's own size and dpi, whatever savefig.* rcParams say
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = figure.canvas  # build_trajectory_figure gave it an Agg canvas
+    if not isinstance(canvas, FigureCanvasAgg):
+        canvas = FigureCanvasAgg(figure)
+    canvas.print_png(str(target))  # the figure's own size and dpi, whatever savefig.* rcParams say
     return target

@@ -140,9 +140,9 @@ class Progress:
         consoles = [sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__, dspy_logging_stream()]
         for name in ROUTED_LOGGERS:
             for handler in logging.getLogger(name).handlers:
-                console = (isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
-                           and any(handler.stream is stream for stream in consoles))
-                if console:
+                if not isinstance(handler, logging.StreamHandler) or isinstance(handler, logging.FileHandler):
+                    continue
+                if any(handler.stream is stream for stream in consoles):
                     original, wrapper = handler.stream, _ThroughBar(handler.stream, self)
                     handler.setStream(wrapper)
                     self._routed.append((handler, original, wrapper))

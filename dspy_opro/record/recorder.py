@@ -40,6 +40,7 @@ from dspy_opro.record.state import (
     ModelUsage,
     RunState,
     budget_spent,
+    no_scores,
     record_result,
 )
 
@@ -105,17 +106,18 @@ class RunRecorder:
         An entry applies only to the candidate with the same instruction digest, and only where the snapshot has
         no score yet (a crash between writing the snapshot and clearing the journal leaves entries it holds).
         """
+        assert self.log_dir is not None
         for entry in ProgressJournal.read(self.log_dir):
             try:
                 number, index, split = int(entry["c"]), int(entry["i"]), entry.get("split", "train")
                 candidate = state.candidates[number] if 0 <= number < len(state.candidates) else None
                 if candidate is None or entry.get("d") != candidate.md5:
                     continue
-                scores = candidate.scores if split == "train" else candidate.val_scores
                 if split == "train" and candidate.status != CandidateStatus.PENDING:
                     continue
-                if split == "val" and scores is None:
-                    scores = candidate.val_scores = [None] * state.val_size
+                if split == "val" and candidate.val_scores is None:
+                    candidate.val_scores = no_scores(state.val_size)
+                scores = candidate.scores if split == "train" else candidate.val_scores or []
                 if not 0 <= index < len(scores) or scores[index] is not None or entry.get("s") is None:
                     continue
                 usage = {model: ModelUsage.model_validate(value) for model, value in (entry.get("u") or {}).items()}
@@ -192,7 +194,8 @@ class RunRecorder:
                 f"is kept; {'free disk space' if full else 'fix the folder'} and compile again with the same log_dir "
                 "to resume."
             ) from exc
-        self._journal.clear()
+        if self._journal is not None:
+            self._journal.clear()
         if final:
             try:
                 from dspy_opro.record.report import write_run_report  # matplotlib, when drawn, only here

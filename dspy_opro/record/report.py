@@ -25,7 +25,16 @@ from typing import Any
 
 from dspy_opro.record.markdown import DASH, cell, code, fenced, fmt_cost, fmt_pct, fmt_row_pct, inline, pct, table
 from dspy_opro.record.plot import PLOT_INSTALL_HINT, plot_trajectory  # noqa: F401 (re-exported; the plot lives there)
-from dspy_opro.record.state import Candidate, CandidateStatus, ModelUsage, RunState, Step, UsageRecord, best_candidate, ranked_candidates
+from dspy_opro.record.state import (
+    Candidate,
+    CandidateStatus,
+    ModelUsage,
+    RunState,
+    Step,
+    UsageRecord,
+    best_candidate,
+    ranked_candidates,
+)
 
 __all__ = [
     "REPORT_FILE",

@@ -129,7 +129,7 @@ MAX_ERROR_KINDS = 20  # distinct errors kept per candidate; further ones only co
 
 
 class RaceLook(BaseModel):
-    """One look of a candidate's race (:class:`dspy_opro.extensions.racing.Look`): the sign counts and the critical value."""
+    """One look of a candidate's race (:class:`dspy_opro.extensions.racing.Look`): sign counts and critical value."""
 
     examples: int  # examples of the shared order scored at this look
     worse: int  # examples the candidate lost to the best (sign -1)
@@ -389,6 +389,11 @@ def _record_error(candidate: Candidate, *, index: int, split: str, error: str | 
             return
     if len(candidate.errors) < MAX_ERROR_KINDS:
         candidate.errors.append(ErrorRecord(error=message, example=index, split=split))  # type: ignore[arg-type]
+
+
+def no_scores(n: int) -> list[float | None]:
+    """The scores of ``n`` examples none of which is scored yet."""
+    return [None] * n
 
 
 def mean_score(values: list[float | None]) -> float:

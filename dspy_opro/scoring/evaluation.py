@@ -1,8 +1,8 @@
 """One evaluation: run a program on one example, score it with the metric, and say what happened.
 
 One evaluation is one program run on one example followed by the metric. It runs in a worker (a thread of the
-optimizer's pool or any ``concurrent.futures.Executor``, a Dask cluster included) with the caller's DSPy context
-(task LM, adapter) and a usage capture of its own (:mod:`dspy_opro.scoring.usage`), so usage is exact under any number of
+optimizer's pool or any ``concurrent.futures.Executor``, a Dask cluster included) with the caller's DSPy context (task
+LM, adapter) and a usage capture of its own (:mod:`dspy_opro.scoring.usage`), so usage is exact under any number of
 threads. :func:`run_example` never raises; its outcome says what went wrong (:mod:`dspy_opro.errors` classifies):
 
 * ``ok``: the program answered and the metric scored it (a wrong answer scores 0);
@@ -50,6 +50,10 @@ class AnchoredMetric(Protocol):
 
     judge_model: dspy.BaseLM | None
     """The model that judges (None: the task model); checked before the run and named when it fails."""
+
+    def __call__(self, example: dspy.Example, prediction: Any, trace: Any = None) -> Any:
+        """A candidate's run on ``example``, scored against the anchor of that example."""
+        ...
 
     def anchor_metric(self) -> Callable[..., Any]:
         """The metric of the starting program's runs: returns ``dspy.Prediction(score=..., anchor=text)``."""

@@ -19,7 +19,7 @@ scores alone, never on the thread count or the order results arrive in.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -191,7 +191,7 @@ class ScoringPhase:
     events), else None.
     """
 
-    def __init__(self, events: Iterator[ScoringEvent]):
+    def __init__(self, events: Generator[ScoringEvent, None, str | None]):
         self._events = events
         self.stop_reason: str | None = None
 
@@ -227,7 +227,7 @@ class CandidateScorer:
         return ScoringPhase(self._events(list(candidates), split, baseline))
 
     def _events(self, candidates: list[Candidate], split: Split,
-                baseline: Candidate | None) -> Iterator[ScoringEvent]:
+                baseline: Candidate | None) -> Generator[ScoringEvent, None, str | None]:
         n = len(self.setup.data.examples(split))
         scores = {c.id: list(_scores_of(c, split, n)) for c in candidates}
         infra: dict[int, list[str]] = {c.id: [] for c in candidates}

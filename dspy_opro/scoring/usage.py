@@ -94,11 +94,11 @@ class _HistorySink:
             return
         model = entry.get("model")
         usage, cost = entry.get("usage"), entry.get("cost")
-        paid_cost = usage and isinstance(cost, (int, float)) and self._tracker.is_paid(usage)
+        paid = isinstance(cost, (int, float)) and bool(usage) and self._tracker.is_paid(usage)
         with self._lock:
             if isinstance(model, str):
                 self.calls[model] = self.calls.get(model, 0) + 1
-            if paid_cost:
+            if paid and isinstance(cost, (int, float)):
                 self.costs[id(usage)] = float(cost)
 
 
@@ -120,7 +120,7 @@ class LMCallCounter(BaseCallback):
             self.started += 1
             self._models[call_id] = getattr(instance, "model", "unknown")
 
-    def on_lm_end(self, call_id: str, outputs: Any, exception: Exception | None = None) -> None:
+    def on_lm_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
         with self._idle:
             model = self._models.pop(call_id, "unknown")
             if exception is None:

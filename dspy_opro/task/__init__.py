@@ -1,1 +1,10 @@
-"""TODO"""
+"""The user's task: the program's predictors and their instructions, where the text sits, and the examples.
+
+:mod:`~dspy_opro.task.programs` reads and sets a program's instructions and fingerprints programs, metrics and
+datasets; :mod:`~dspy_opro.task.placement` realises ``instruction_pos`` in a predictor's signature;
+:mod:`~dspy_opro.task.data` checks the trainset and valset against the program before any LM call and keeps the
+per-example facts the run reuses.
+
+May import: :mod:`dspy_opro.compat`, :mod:`dspy_opro.record.state` and :mod:`dspy_opro.proposing.exemplars` (how a
+question is rendered); never the configuration, the step loop, the teleprompter or an extension.
+"""

@@ -77,7 +77,7 @@ def program_fingerprint(program: dspy.Module) -> str:
     """A digest of the program's structure: predictor names, their fields and instructions."""
     shape = []
     for name, predictor in program.named_predictors():
-        signature = predictor.signature
+        signature: Any = predictor.signature
         shape.append({
             "name": name,
             "inputs": list(signature.input_fields),

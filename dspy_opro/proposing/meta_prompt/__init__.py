@@ -15,7 +15,8 @@ One job per module:
 * :mod:`~dspy_opro.proposing.meta_prompt.replies`: :func:`extract_instruction`, :func:`polish_sentence` and
   :func:`instruction_md5`.
 
-Every public name is re-exported here, so ``from dspy_opro.proposing.meta_prompt import gen_meta_prompt`` is the import to use.
+Every public name is re-exported here, so ``from dspy_opro.proposing.meta_prompt import gen_meta_prompt`` is the import
+to use.
 """
 
 from __future__ import annotations

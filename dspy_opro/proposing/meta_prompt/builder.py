@@ -77,7 +77,7 @@ def _check_num_score_buckets(num_score_buckets: object) -> None:
     if _is_infinite_buckets(num_score_buckets):
         return
     if isinstance(num_score_buckets, numbers.Integral) and not is_bool(num_score_buckets):
-        if num_score_buckets >= 1:
+        if int(num_score_buckets) >= 1:
             return
     raise ValueError(
         f"num_score_buckets must be a positive int (scores shown as round(score * n)) or math.inf "

@@ -1,11 +1,12 @@
 """Reply parsing and instruction normalisation: extract the instruction, polish it, key it for de-duplication.
 
-The authors' handling of one optimizer reply (google-deepmind/opro, Apache-2.0; see :mod:`dspy_opro.proposing.meta_prompt`),
-rewritten from a prose description: take the instruction out of the reply (the first ``<INS>``/``<Start>`` tag pair
-for GPT-style optimizers, the first square-bracket pair for PaLM-style ones, the first ``<TEXT>`` pair for the
-``instructions_only`` prompt), normalise it, and key it for de-duplication. Quirks kept: the PaLM bracket pattern
-does not span newlines and stops at the first closing bracket; the GPT tag slicing uses the first closing tag
-anywhere in the reply; :func:`polish_sentence` does not strip a second time after removing ``**``. Quirk fixed:
+The authors' handling of one optimizer reply (google-deepmind/opro, Apache-2.0; see
+:mod:`dspy_opro.proposing.meta_prompt`), rewritten from a prose description: take the instruction out of the reply (the
+first ``<INS>``/``<Start>`` tag pair for GPT-style optimizers, the first square-bracket pair for PaLM-style ones, the
+first ``<TEXT>`` pair for the ``instructions_only`` prompt), normalise it, and key it for de-duplication. Quirks kept:
+the PaLM bracket pattern does not span newlines and stops at the first closing bracket; the GPT tag slicing uses the
+first closing tag anywhere in the reply; :func:`polish_sentence` does not strip a second time after removing ``**``.
+Quirk fixed:
 :func:`instruction_md5` hashes UTF-8 instead of ASCII, which gives the authors' digest for every ASCII instruction
 and no longer crashes on other text.
 """

@@ -2,8 +2,8 @@
 
 The template strings below are carried over verbatim from the reference implementation of *Large Language Models as
 Optimizers* (Yang et al., ICLR 2024): google-deepmind/opro at commit ``e81b2f573ce4e15755c70c2535279d6fb940b4b7``,
-``opro/optimization/opt_utils.py``, Copyright 2023 The OPRO Authors, licensed under the Apache License, Version 2.0
-(see the NOTICE file). Nothing here computes anything: :mod:`dspy_opro.proposing.meta_prompt.builder` assembles these pieces
+``opro/optimization/opt_utils.py``, Copyright 2023 The OPRO Authors, licensed under the Apache License, Version 2.0 (see
+the NOTICE file). Nothing here computes anything: :mod:`dspy_opro.proposing.meta_prompt.builder` assembles these pieces
 and :mod:`dspy_opro.proposing.meta_prompt.replies` parses the optimizer's answers with the tags defined here.
 """
 
