@@ -1,4 +1,5 @@
-"""The documentation site: every page in the nav exists, every code block runs, and `mkdocs build --strict` passes.
+"""The documentation site: every page in the nav exists, every code block runs, `mkdocs build --strict` passes, the
+architecture page is the map of the package as it is, and the settings' tables are the configuration's fields.
 
 Code blocks in ``docs/*.md`` are held to one rule: each is executed by a test, or copied (``--8<--``) from a file
 that is. Python blocks include ``docs/snippets/*.py`` (run here, offline) or an example (run by
@@ -9,6 +10,8 @@ snippet. Shell blocks hold only commands that CI or a test runs.
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import html.parser
 import importlib.util
 import os
@@ -41,7 +44,6 @@ EXECUTED_ELSEWHERE = {
     "examples/react_agent.py": "tests/test_examples.py",
     "examples/judge_metric.py": "tests/test_examples.py",
     "examples/load_compiled.py": "tests/test_examples.py",
-    "examples/compare_optimizers.py": "tests/test_compare.py",
 }
 
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,})(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)(?P=fence)[ \t]*$",
@@ -89,7 +91,7 @@ def nav_files(nav: list) -> list[str]:
     return files
 
 
-# ----------------------------------------------------------------------------------------------------- the site
+# ------------------------------------------------------------------------------------------------------------- the site
 
 
 def test_every_nav_page_exists_and_every_page_is_in_the_nav():
@@ -119,7 +121,8 @@ def built_site(tmp_path_factory) -> Path:
 def test_mkdocs_build_strict(built_site):
     assert (built_site / "index.html").is_file()
     api = (built_site / "api" / "index.html").read_text(encoding="utf-8")
-    for anchor in ("dspy_opro.OPROTeleprompter", "dspy_opro.OPROTeleprompter.compile", "dspy_opro.record.state.RunState"):
+    anchors = ("dspy_opro.OPROTeleprompter", "dspy_opro.OPROTeleprompter.compile", "dspy_opro.record.state.RunState")
+    for anchor in anchors:
         assert f'id="{anchor}"' in api
     assert "num_candidates" in api  # the constructor's documented parameters are rendered
     # compile's return is documented once, with every candidate_programs key.
@@ -190,9 +193,23 @@ def test_built_site_loads_nothing_from_the_network(built_site):
         assert not re.search(r"url\(\s*['\"]?(?:https?:)?//", stylesheet.read_text(encoding="utf-8"))
 
 
-# Every line of the code the docs show, the examples and the snippets, fits 88 columns (the page's code width).
+# Every line of the code the pages show fits 88 columns (the page's code width): the snippets and every file a page
+# includes (the examples).
 CODE_WIDTH = 88
-CODE_FILES = sorted([*SNIPPET_FILES, *(ROOT / "examples").glob("*.py")])
+
+
+def shown_files() -> list[Path]:
+    """The snippets, and every other file a page includes with ``--8<--``."""
+    shown = set(SNIPPET_FILES)
+    for page in PAGES:
+        for line in page.read_text(encoding="utf-8").splitlines():
+            found = INCLUDE.match(line.strip())
+            if found and (ROOT / found["path"]).suffix == ".py":
+                shown.add(ROOT / found["path"])
+    return sorted(shown)
+
+
+CODE_FILES = shown_files()
 
 
 @pytest.mark.parametrize("path", CODE_FILES, ids=[f"{p.parent.name}/{p.name}" for p in CODE_FILES])
@@ -209,7 +226,7 @@ def test_inline_code_blocks_fit_88_columns():
             assert not long, f"{page}: {long}"
 
 
-# ---------------------------------------------------------------------------------------------------- the blocks
+# ----------------------------------------------------------------------------------------------------------- the blocks
 
 
 def test_code_blocks_follow_the_rule():
@@ -263,7 +280,22 @@ def test_inline_python_blocks_run(tmp_path, monkeypatch):
     assert all(includes(body) for _, language, body in all_blocks() if language == "python")
 
 
-# -------------------------------------------------------------------------------------------------- the snippets
+TEST_REFERENCE = re.compile(r"(tests/[\w/]+\.py)::(\w+)")
+
+
+def test_every_test_a_page_names_exists():
+    """The pages and the README cite tests by ``tests/file.py::test_name`` (the failure and fidelity tables): each
+    names a test function that exists."""
+    missing = []
+    for page in [*PAGES, ROOT / "README.md"]:
+        for path, name in TEST_REFERENCE.findall(page.read_text(encoding="utf-8")):
+            source = ROOT / path
+            if not source.is_file() or not re.search(rf"^\s*(?:async )?def {name}\(", source.read_text(
+                    encoding="utf-8"), re.M):
+                missing.append(f"{page.name}: {path}::{name}")
+    assert not missing, missing
+
+# --------------------------------------------------------------------------------------------------------- the snippets
 
 
 @pytest.mark.slow  # one simulated endpoint per snippet
@@ -279,3 +311,244 @@ def test_snippet_runs_offline(snippet, capsys, monkeypatch, tmp_path):
         assert output == recorded.read_text(encoding="utf-8")
     else:
         assert output.strip(), "a snippet should print what it shows"
+
+
+# ----------------------------------------------------------------------------------------------------- the architecture
+
+PACKAGE = ROOT / "dspy_opro"
+ARCHITECTURE = DOCS / "architecture.md"
+CODE_SPAN = re.compile(r"`([^`\n]+)`")
+MODULE_PATH = re.compile(r"^[\w./]+(?:\.py|/)$")
+
+
+def _defines_something(path: Path) -> bool:
+    """Whether a package's ``__init__.py`` holds code of its own (a class or a function), not only re-exports."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return any(isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) for node in tree.body)
+
+
+def page_name(path: Path) -> str:
+    """How the architecture page names a file of the package: its path under ``dspy_opro/`` (``scoring/scorer.py``);
+    a subpackage's ``__init__.py`` that only re-exports is named as its folder (``proposing/meta_prompt/``)."""
+    relative = path.relative_to(PACKAGE)
+    if path.name == "__init__.py" and len(relative.parts) > 1 and not _defines_something(path):
+        return f"{relative.parent.as_posix()}/"
+    return relative.as_posix()
+
+
+def subpackages() -> list[str]:
+    return sorted(f"{p.parent.name}/" for p in PACKAGE.glob("*/__init__.py"))
+
+
+def library_modules() -> list[str]:
+    """Every module the architecture page must name. ``testing/`` (the simulated endpoint, which has no part in a
+    compile) is named as one unit."""
+    names = {page_name(path) for path in PACKAGE.rglob("*.py") if path.relative_to(PACKAGE).parts[0] != "testing"}
+    return sorted(names | set(subpackages()))
+
+
+def resolve(module: str) -> Path:
+    """The file of a ``dspy_opro`` module name."""
+    parts = module.split(".")[1:]
+    as_file = PACKAGE.joinpath(*parts).with_suffix(".py") if parts else None
+    if as_file is not None and as_file.is_file():
+        return as_file
+    package = PACKAGE.joinpath(*parts, "__init__.py")
+    assert package.is_file(), f"no module {module}"
+    return package
+
+
+def imports_of(path: Path) -> list[tuple[Path, str]]:
+    """The package's files a file imports, each with how: ``"top"`` (at import time), ``"nested"`` (inside a
+    function, so when it is called) or ``"typing"`` (under ``if TYPE_CHECKING:``, never at run time)."""
+    found: list[tuple[Path, str]] = []
+
+    def add(module: str, names: list[str], how: str) -> None:
+        for name in names or [None]:
+            target = resolve(module)
+            if name is not None and target.name == "__init__.py":  # from a package import one of its modules
+                sub = f"{module}.{name}"
+                if (PACKAGE.joinpath(*sub.split(".")[1:]).with_suffix(".py")).is_file():
+                    target = resolve(sub)
+            found.append((target, how))
+
+    def visit(node: ast.AST, how: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = how
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                inner = "nested"
+            elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                inner = "typing"
+            if isinstance(child, ast.ImportFrom):
+                assert child.level == 0, f"{path}: relative import"
+                if child.module and child.module.split(".")[0] == "dspy_opro":
+                    add(child.module, [alias.name for alias in child.names], how)
+            elif isinstance(child, ast.Import):
+                for alias in child.names:
+                    if alias.name.split(".")[0] == "dspy_opro":
+                        add(alias.name, [], how)
+            elif (isinstance(child, ast.Call) and ast.unparse(child.func).endswith("import_module") and child.args
+                  and isinstance(child.args[0], ast.Constant) and str(child.args[0].value).startswith("dspy_opro")):
+                add(child.args[0].value, [], how)
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), "top")
+    return found
+
+
+def import_graph() -> dict[str, list[tuple[str, str]]]:
+    """Page name of every file of the package -> the page names of what it imports, with how."""
+    return {page_name(path): [(page_name(target), how) for target, how in imports_of(path)]
+            for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_architecture_page_names_every_module_and_no_ghost():
+    """Every module of the package is named on the page by its path under ``dspy_opro/``, every subpackage by its
+    folder, and every module path the page names exists."""
+    page = ARCHITECTURE.read_text(encoding="utf-8")
+    named = set(CODE_SPAN.findall(page))
+    missing = [name for name in library_modules() if name not in named]
+    assert not missing, f"docs/architecture.md does not name {missing}"
+    every = [page_name(path) for path in PACKAGE.rglob("*.py")] + subpackages()
+    ghosts = [name for name in sorted(named) if MODULE_PATH.match(name)
+              and not (ROOT / name).exists()  # a file of the repository: tests/test_compat.py, dspy_opro/__init__.py
+              and not any(module == name or module.endswith(f"/{name}") for module in every)]
+    assert not ghosts, f"docs/architecture.md names modules that do not exist: {ghosts}"
+
+
+def _sections(page: str) -> dict[str, str]:
+    """The page's level-3 sections by heading."""
+    parts = re.split(r"^### (.+)$", page, flags=re.M)
+    pairs = zip(parts[1::2], parts[2::2], strict=True)
+    return {heading.strip(): re.split(r"^## ", body, flags=re.M)[0] for heading, body in pairs}
+
+
+@pytest.mark.parametrize("package", subpackages())
+def test_each_subpackage_section_lists_what_it_imports(package):
+    """A subpackage's section says what it imports from the rest of the package, exactly: a new import fails here
+    until the map says so."""
+    sections = [body for heading, body in _sections(ARCHITECTURE.read_text(encoding="utf-8")).items()
+                if heading == f"`{package}`" or heading.startswith(f"`{package}`:")]
+    assert len(sections) == 1, f"docs/architecture.md needs one section '### `{package}`: ...'"
+    found = re.search(r"^\*\*Imports from outside it:\*\*(.+?)(?:\n\n|\Z)", sections[0], re.M | re.S)
+    assert found, f"the section of {package} has no line '**Imports from outside it:** ...'"
+    listed = CODE_SPAN.findall(found[1])
+    assert listed or found[1].strip() == "none.", found[1]
+    actual = {target for name, targets in import_graph().items() if name.startswith(package)
+              for target, _ in targets if not target.startswith(package)}
+    assert sorted(listed) == sorted(set(listed)), f"{package}: a module is listed twice"
+    assert set(listed) == actual, (f"{package} imports {sorted(actual - set(listed))} that its section does not list, "
+                                   f"and its section lists {sorted(set(listed) - actual)} that it does not import")
+
+
+def test_the_import_rules_of_the_architecture_page_hold():
+    graph = import_graph()
+    importers: dict[str, list[tuple[str, str]]] = {}
+    for name, targets in graph.items():
+        for target, how in targets:
+            importers.setdefault(target, []).append((name, how))
+    # No subpackage imports config, run or teleprompter.
+    for top in ("config.py", "run.py", "teleprompter.py"):
+        below = [name for name, _ in importers.get(top, []) if "/" in name]
+        assert not below, f"{below} import {top}"
+    # Nothing imports teleprompter but __init__; nothing imports run but teleprompter, in compile.
+    assert {name for name, _ in importers["teleprompter.py"]} == {"__init__.py"}
+    assert importers["run.py"] == [("teleprompter.py", "nested")]
+    # The method never imports an extension's code: only config (building a policy) and __init__ (on first use) do,
+    # inside a function; the options are imported by config, teleprompter and __init__.
+    method = ("run.py", "selection.py", "proposing/", "scoring/", "task/", "record/")
+    for target, users in importers.items():
+        if not target.startswith("extensions/"):
+            continue
+        outside = [(name, how) for name, how in users if not name.startswith("extensions/") and how != "typing"]
+        assert not [name for name, _ in outside if name.startswith(method)], (target, outside)
+        if target == "extensions/__init__.py":
+            assert {name for name, _ in outside} <= {"config.py", "teleprompter.py", "__init__.py"}, outside
+        else:
+            assert all(name in ("config.py", "__init__.py") and how == "nested" for name, how in outside), (
+                target, outside)
+    # testing/ imports nothing of the package outside itself.
+    assert not [(name, target) for name, targets in graph.items() if name.startswith("testing/")
+                for target, _ in targets if not target.startswith("testing/")]
+
+
+def test_import_dspy_opro_loads_no_extension_module():
+    probe = "import sys, dspy_opro; print(sorted(m for m in sys.modules if m.startswith('dspy_opro.extensions.')))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}, timeout=120)
+    assert out.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------------------------- the settings: one source
+
+def table_rows(text: str, heading: str) -> list[list[str]]:
+    """The body rows of the first Markdown table after ``heading``, as lists of stripped cells."""
+    start = text.index(heading)
+    lines = text[start:].splitlines()[1:]
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[first + 2:]:  # after the header and its separator
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+    return rows
+
+
+def config_fields() -> list[dataclasses.Field]:
+    from dspy_opro.config import OPROConfig
+
+    return list(dataclasses.fields(OPROConfig))
+
+
+def states_default(cell: str, spec: dataclasses.Field) -> bool:
+    """The rule for how a default is written: ``required`` for a field without one, else the default as a Python
+    literal in backticks at the start of the cell (``None``, ``10``, ``"random"``, ``0.0``), of the default's type;
+    words may follow (`` `None`: dspy.settings.lm``)."""
+    if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+        return cell == "required"
+    found = re.match(r"`([^`]+)`", cell)
+    if not found:
+        return False
+    try:
+        value = ast.literal_eval(found[1])
+    except (ValueError, SyntaxError):
+        return False
+    return type(value) is type(spec.default) and value == spec.default
+
+
+def test_method_parameter_table_is_the_configs_fields():
+    """docs/method.md's parameter table has one row per field of OPROConfig, in field order, each stating the
+    field's default by the rule of :func:`states_default`."""
+    rows = table_rows((DOCS / "method.md").read_text(encoding="utf-8"), "## Parameters")
+    assert all(len(row) == 4 for row in rows), [row[0] for row in rows if len(row) != 4]
+    names = [row[0] for row in rows]
+    assert names == [f"`{spec.name}`" for spec in config_fields()]
+    wrong = [(row[0], row[1]) for row, spec in zip(rows, config_fields(), strict=True)
+             if not states_default(row[1], spec)]
+    assert not wrong, f"'Default here' cells that do not state the field's default: {wrong}"
+
+
+def test_the_constructors_documented_arguments_are_the_configs_fields():
+    """The API page renders ``OPROTeleprompter``'s ``Args:``: one entry per field of OPROConfig, in field order,
+    each with the field's documentation (``settings_docstring()``), rewrapped."""
+    import inspect
+
+    from dspy_opro import OPROTeleprompter
+    from dspy_opro.config import settings_docstring
+
+    doc = inspect.getdoc(OPROTeleprompter)
+    entries: list[list[str]] = []
+    for line in doc[doc.index("Args:"):].splitlines()[1:]:
+        entry = re.match(r"^    (\w+): (.*)$", line)
+        if entry:
+            entries.append([entry[1], entry[2]])
+        elif line.strip() and entries:
+            entries[-1][1] += " " + line.strip()
+    expected = [line.split(": ", 1) for line in settings_docstring().splitlines()[1:] if line]
+    assert entries == expected
+    assert [name for name, _ in entries] == [spec.name for spec in config_fields()]
+    parameters = list(inspect.signature(OPROTeleprompter.__init__).parameters.values())[1:]
+    assert [p.name for p in parameters] == [spec.name for spec in config_fields()]
+    for parameter, spec in zip(parameters, config_fields(), strict=True):
+        default = inspect.Parameter.empty if spec.default is dataclasses.MISSING else spec.default
+        assert parameter.default == default and type(parameter.default) is type(default), parameter.name

@@ -21,3 +21,29 @@ def test_ci_runs_the_readme_install_and_test_commands():
     assert install in ci_lines
     assert test.strip() == "python -m pytest"
     assert ci_lines[-1] == test.strip()  # the last thing CI does, so its exit code is CI's
+
+
+def test_readme_options_are_real_settings_with_their_defaults():
+    """The README's "Options you will reach for" names only fields of OPROConfig, each with its default: the
+    "default" cell holds one backticked Python literal per option named (or ``required``)."""
+    import ast
+    import dataclasses
+
+    from dspy_opro.config import OPROConfig
+
+    fields = {spec.name: spec for spec in dataclasses.fields(OPROConfig)}
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("### Options you will reach for"):].split("\n\n")[1]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split(" | ")] for line in table.splitlines()[2:]]
+    assert len(rows) >= 5
+    for names_cell, default_cell, _ in rows:
+        names = re.findall(r"`([^`]+)`", names_cell)
+        assert names and all(name in fields for name in names), f"not settings: {names_cell}"
+        if default_cell == "required":
+            assert all(fields[name].default is dataclasses.MISSING for name in names), names_cell
+            continue
+        defaults = [ast.literal_eval(value) for value in re.findall(r"`([^`]+)`", default_cell)]
+        assert len(defaults) == len(names), f"{names_cell}: one default per option, got {default_cell}"
+        for name, value in zip(names, defaults, strict=True):
+            default = fields[name].default
+            assert type(value) is type(default) and value == default, f"{name}: {value!r} is not {default!r}"

@@ -1,4 +1,4 @@
-"""Label-free OPRO: no metric; a judge model compares each candidate's run with the
+"""Label-free OPRO: no labels; a judge model compares each candidate's run with the
 starting program's run."""
 
 import os
