@@ -69,3 +69,23 @@ def test_resolve_models_turns_strings_into_litellm_lms_and_falls_back_to_setting
     assert resolved.prompt.engine == "litellm" and resolved.judge is None
     with pytest.raises(ValueError, match="no task model"):
         OPROConfig(metric=toy_metric).resolve_models()
+
+
+def test_every_field_has_a_group_a_kind_and_a_sentence():
+    for spec in dataclasses.fields(OPROConfig):
+        assert spec.metadata["kind"] in ("search", "continuable", "execution"), spec.name
+        assert spec.metadata["doc"].endswith((".", ")")) and len(spec.metadata["doc"]) > 20, spec.name
+
+
+def test_recorded_and_fingerprinted_settings_follow_the_kinds():
+    config = OPROConfig(metric=lambda example, prediction: 1.0)
+    recorded = config.recorded_settings(models(), ["predict"])
+    kinds = {spec.name: spec.metadata["kind"] for spec in dataclasses.fields(OPROConfig)}
+    assert {name for name, kind in kinds.items() if kind != "execution"} <= set(recorded)
+    assert not {name for name, kind in kinds.items() if kind == "execution"} & set(recorded)
+    import dspy
+
+    printed = config.fingerprint(models(), ["predict"], trainset=[], valset=[], program=dspy.Predict("q -> a"))
+    assert not {name for name, kind in kinds.items() if kind != "search"} & set(printed.settings)
+
+

@@ -472,13 +472,6 @@ def test_the_import_rules_of_the_architecture_page_hold():
                 for target, _ in targets if not target.startswith("testing/")]
 
 
-def test_import_dspy_opro_loads_no_extension_module():
-    probe = "import sys, dspy_opro; print(sorted(m for m in sys.modules if m.startswith('dspy_opro.extensions.')))"
-    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True,
-                         env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}, timeout=120)
-    assert out.stdout.strip() == "[]"
-
-
 # --------------------------------------------------------------------------------------------- the settings: one source
 
 def table_rows(text: str, heading: str) -> list[list[str]]:

@@ -4,7 +4,7 @@
   (:class:`dspy_opro.scoring.scorer.ScoringPolicy`) that scores a step's new candidates block by block and stops
   the ones a sequential test finds worse than the best (:mod:`dspy_opro.extensions.racing`).
 * **Hard and diverse exemplars** (``exemplar_selection="hard_diverse"`` or ``HardDiverse(theta=...)``): an
-  *exemplar policy* (:class:`dspy_opro.proposing.exemplars.ExemplarPolicy`) that shows the problems the instructions
+  *exemplar policy* (:class:`dspy_opro.proposing.step_inputs.ExemplarPolicy`) that shows the problems the instructions
   fail, spread out by a determinantal point process (:mod:`dspy_opro.extensions.hard_diverse`).
 * **The validation gate** (``val_gate=True`` or ``ValGate(min_delta=...)``): a *selection policy*
   (:class:`dspy_opro.selection.SelectionPolicy`) that returns the best candidate only if it beats the program as

@@ -1,22 +1,17 @@
-"""Which training problems the meta-prompt shows, and how a ``dspy.Example`` becomes a (question, answer) pair.
+"""Which training problems the meta-prompt shows: the authors' uniform draw, reproduced exactly.
 
 OPRO shows the optimizer model a few training problems next to the scored instructions. The authors draw
 ``k`` of them uniformly at every step with ``np.random.seed(step)`` (criteria ``"random"``) or draw the step-0
 set every time (``"constant"``); :func:`draw_exemplar_indices` reproduces both draws exactly for ``seed=0``
 without touching numpy's global random state.
 
-A DSPy example is rendered as a question (its input fields) and an answer. The answer is, in order of
-preference: the example's labels for the target predictor's output fields (the authors' "ground truth
-answer"); the program's own output when the metric judged it right; the metric's feedback when it was wrong;
-and otherwise a short note that no reference exists.
+How a drawn example is shown (its question and answer) is :mod:`dspy_opro.task.data`'s and
+:mod:`dspy_opro.proposing.step_inputs`'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
-NO_REFERENCE_NOTE = "(no reference answer available)"
 
 # Spreads user seeds far apart so that seed s at step t never collides with seed s' at step t'.
 _SEED_STRIDE = 100003
@@ -53,10 +48,3 @@ def draw_exemplar_indices(
     rng = np.random.RandomState(seed * _SEED_STRIDE + draw_step)
     chosen = rng.choice(np.asarray(list(indices)), k, replace=False)
     return sorted(int(i) for i in chosen)
-
-
-def render_fields(values: dict[str, Any]) -> str:
-    """Render field values as the meta-prompt shows them: a lone value as is, several as ``name: value`` lines."""
-    if len(values) == 1:
-        return str(next(iter(values.values())))
-    return "\n".join(f"{name}: {value}" for name, value in values.items())

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from dspy_opro.proposing.exemplars import NO_REFERENCE_NOTE, draw_exemplar_indices, render_fields
+from dspy_opro.proposing.exemplars import draw_exemplar_indices
 from dspy_opro.record.state import Candidate, RunState
-from dspy_opro.task.data import RunData
+from dspy_opro.task.data import NO_REFERENCE_NOTE, RunData, render_fields
 
 
 def predictor_history(state: RunState, predictor: str) -> list[tuple[str, float, int]]:

@@ -35,11 +35,11 @@ class CandidateStatus(str, Enum):
     meta-prompts). It is never the best and never returned."""
     UNSCORED = "unscored"
     """Infrastructure failures (rate limits, server errors, timeouts) left examples without a score after a retry;
-    compiling again with the same ``log_dir`` scores it again."""
+    compiling an unfinished run again with the same ``log_dir`` scores it again."""
     CUT_SHORT = "cut_short"
     """A budget stopped its scoring; a larger budget continues it."""
     SKIPPED = "skipped"
-    """Never run: empty, too long, containing ``INS``, or a repeat of an earlier instruction."""
+    """Never run: an empty or too long proposal, one containing ``INS``, or a repeated initial instruction."""
 
     def __str__(self) -> str:
         return self.value
@@ -131,22 +131,33 @@ MAX_ERROR_KINDS = 20  # distinct errors kept per candidate; further ones only co
 class RaceLook(BaseModel):
     """One look of a candidate's race (:class:`dspy_opro.extensions.racing.Look`): sign counts and critical value."""
 
-    examples: int  # examples of the shared order scored at this look
-    worse: int  # examples the candidate lost to the best (sign -1)
-    better: int  # examples it won (sign +1)
-    critical: int | None  # count of -1 signs at or above which it stops; None: no stop possible at this look
-    spent: float  # alpha spent up to this look
+    examples: int
+    """Examples of the shared order scored at this look."""
+    worse: int
+    """Examples the candidate lost to the best (sign -1)."""
+    better: int
+    """Examples it won (sign +1)."""
+    critical: int | None
+    """Count of -1 signs at or above which it stops; None: no stop possible at this look."""
+    spent: float
+    """Alpha spent up to this look."""
     stop: bool
+    """Whether this look stopped the candidate."""
 
 
 class RaceRecord(BaseModel):
     """A candidate's race against the best at the start of its step (``racing=True``)."""
 
-    against: int  # the id of the best candidate it raced against
-    examples: int  # examples its decision rests on (n when it completed)
+    against: int
+    """The id of the best candidate it raced against."""
+    examples: int
+    """Examples its decision rests on (n when it completed)."""
     n: int
+    """The training examples."""
     looks: list[RaceLook] = Field(default_factory=list)
-    stopped_at: int | None = None  # the examples of the look that stopped it; None: it ran all n
+    """Every look taken, in order."""
+    stopped_at: int | None = None
+    """The examples of the look that stopped it; None: it ran all n."""
 
     @property
     def reason(self) -> str | None:
@@ -314,6 +325,7 @@ class RunState(BaseModel):
     """How the returned candidate was chosen; `None` until the search ends."""
 
     def scored(self) -> list[Candidate]:
+        """The candidates scored on every training example."""
         return [c for c in self.candidates if c.status == CandidateStatus.SCORED]
 
     def with_scores(self) -> list[Candidate]:

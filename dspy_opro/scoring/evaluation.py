@@ -27,10 +27,10 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import dspy
 
 from dspy_opro.errors import EmptyResponseError, classify_exception, clean_text, describe_exception
-from dspy_opro.proposing.exemplars import NO_REFERENCE_NOTE, render_fields
 from dspy_opro.record.state import ModelUsage
 from dspy_opro.scoring.usage import UsageCapture
 from dspy_opro.selection import SelectionPolicy
+from dspy_opro.task.data import NO_REFERENCE_NOTE, render_fields
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ from typing import Any
 import dspy
 
 from dspy_opro.compat import input_keys
-from dspy_opro.proposing.exemplars import render_fields
 from dspy_opro.record.state import Split
 from dspy_opro.task.programs import output_fields, predictor_map
 
@@ -33,6 +32,17 @@ def check_examples(name: str, examples: Sequence[Any]) -> list[dspy.Example]:
                 "dspy.Example(...).with_inputs('question', ...)"
             )
     return examples
+
+
+NO_REFERENCE_NOTE = "(no reference answer available)"
+"""The answer a meta-prompt shows for a problem with neither a usable label nor a usable answer of the program."""
+
+
+def render_fields(values: dict[str, Any]) -> str:
+    """Render field values as the meta-prompt shows them: a lone value as is, several as ``name: value`` lines."""
+    if len(values) == 1:
+        return str(next(iter(values.values())))
+    return "\n".join(f"{name}: {value}" for name, value in values.items())
 
 
 @dataclass
@@ -114,4 +124,4 @@ class RunData:
         return render_fields(dict(self.trainset[index].inputs().items()))
 
 
-__all__ = ["RunData", "check_examples"]
+__all__ = ["NO_REFERENCE_NOTE", "RunData", "check_examples", "render_fields"]
