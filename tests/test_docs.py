@@ -41,7 +41,7 @@ EXECUTED_ELSEWHERE = {
     "examples/react_agent.py": "tests/test_examples.py",
     "examples/judge_metric.py": "tests/test_examples.py",
     "examples/load_compiled.py": "tests/test_examples.py",
-    "examples/compare_optimizers.py": "tests/test_compare.py",
+    "benchmarks/compare_optimizers.py": "tests/test_compare.py",
 }
 
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,})(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)(?P=fence)[ \t]*$",
