@@ -31,7 +31,8 @@ a run comes to that bound.
 
 The endpoint runs in a process of its own by default (``--server process``), so that serving does not take the
 client's GIL; ``--server thread`` runs it in the client process. It sets TCP_NODELAY and writes each response in one
-piece.
+piece. COPRO's proposal prompts are answered by the simulated peers of :mod:`benchmarks.simulated_peers`,
+plugged into the endpoint as its responders.
 
 The script also measures a synthetic run record (:class:`dspy_opro.record.state.RunState`) of 200 steps x 8 candidates x
 1000 training examples: its size in memory (tracemalloc) and the time to save and reload it.
@@ -67,9 +68,13 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script: the repository root, for benchmarks.simulated_peers
+    sys.path.insert(0, str(ROOT))
 
 import dspy  # noqa: E402
 
+from benchmarks.simulated_peers import PEERS  # noqa: E402  (COPRO's proposals)
 from dspy_opro import OPROTeleprompter  # noqa: E402
 from dspy_opro.record.files import load_state, save_state  # noqa: E402
 from dspy_opro.record.state import Candidate, Fingerprint, Reply, RunState, Selection, Step  # noqa: E402
@@ -85,7 +90,7 @@ OPTIMIZER_MODEL = "openai/sim-optimizer"
 
 def _serve(latency: float, conn: Any) -> None:
     """Child process: serve the simulated endpoint and answer log commands on ``conn``."""
-    with SimulatedEndpoint(latency=latency) as endpoint:
+    with SimulatedEndpoint(latency=latency, responders=PEERS) as endpoint:
         conn.send(endpoint.base_url)
         while True:
             command = conn.recv()
@@ -106,7 +111,7 @@ class Server:
         self.mode = mode
         self._endpoint: SimulatedEndpoint | None = None
         if mode == "thread":
-            self._endpoint = SimulatedEndpoint(latency=latency).start()
+            self._endpoint = SimulatedEndpoint(latency=latency, responders=PEERS).start()
             self.base_url = self._endpoint.base_url
         else:
             context = mp.get_context("spawn")

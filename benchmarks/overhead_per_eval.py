@@ -23,8 +23,8 @@ them, since the machine is shared and CPU time is the steadier of the two.
 
 **Probes** (``--probes``; in-process, and two of them on LiteLLM): OPRO scoring only, with one piece of the
 per-evaluation path removed (or, for comparison, the per-evaluation DSPy callback of before put back) by a
-monkeypatch of :class:`dspy_opro.scoring.usage.UsageCapture` for that run. They show what each piece costs. A probe whose
-target no longer exists in the code is reported as not applicable.
+monkeypatch of :class:`dspy_opro.scoring.usage.UsageCapture` for that run. They show what each piece costs. A probe
+whose target no longer exists in the code is reported as not applicable.
 
 **Unit costs** (``--units``): single-thread micro-benchmarks of each piece in microseconds (no thread contention),
 against the cost of the DSPy call itself.
@@ -150,8 +150,8 @@ def _check_scored(state: Any, n: int) -> None:
 
 def _probe_patches() -> dict[str, dict[tuple[Any, str], Any]]:
     """Probe name -> {(owner, attribute): replacement}. Each changes one piece of OPRO's per-evaluation path
-    (:class:`dspy_opro.scoring.usage.UsageCapture`, which :func:`dspy_opro.scoring.evaluation.run_example` uses twice per
-    evaluation: once for the program, once for the metric)."""
+    (:class:`dspy_opro.scoring.usage.UsageCapture`, which :func:`dspy_opro.scoring.evaluation.run_example` uses
+    twice per evaluation: once for the program, once for the metric)."""
     capture_cls = getattr(usage_module, "UsageCapture", None)
     counter_cls = getattr(usage_module, "LMCallCounter", None)
     if capture_cls is None:

@@ -1,4 +1,5 @@
-"""examples/compare_optimizers.py, offline against the simulated endpoint with a tiny budget."""
+"""benchmarks/compare_optimizers.py, offline against the simulated endpoint (with the simulated peers plugged in by
+its ``offline_endpoint``) with a tiny budget."""
 
 import os
 
@@ -12,15 +13,15 @@ from pathlib import Path
 import dspy
 import pytest
 
-from dspy_opro.testing import SimulatedEndpoint, answers_correctly, simulated_dataset, simulated_metric
+from dspy_opro.testing import answers_correctly, simulated_dataset, simulated_metric
 
-EXAMPLE = Path(__file__).parent.parent / "examples" / "compare_optimizers.py"
+SCRIPT = Path(__file__).parent.parent / "benchmarks" / "compare_optimizers.py"
 EXPECTED = ["baseline", "opro", "copro", "miprov2", "gepa", "opro-hard-diverse", "opro-val-gate", "opro-label-free"]
 
 
 @pytest.fixture(scope="module")
 def compare():
-    spec = importlib.util.spec_from_file_location("compare_optimizers", EXAMPLE)
+    spec = importlib.util.spec_from_file_location("compare_optimizers", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
@@ -44,7 +45,7 @@ def test_comparison_offline(compare, tmp_path):
     pytest.importorskip("optuna", reason="MIPROv2 needs the optional optuna dependency")
     data = simulated_dataset(16)
     out = tmp_path / "results"
-    with SimulatedEndpoint() as endpoint:
+    with compare.offline_endpoint() as endpoint:
         connection = {"api_base": endpoint.base_url, "api_key": "x", "engine": "litellm", "cache": False}
         task_lm = dspy.LM("openai/sim-task", **connection)
         prompt_lm = dspy.LM("openai/sim-optimizer", **connection)
@@ -102,7 +103,7 @@ def test_comparison_offline(compare, tmp_path):
 
 def test_failing_contender_is_reported_not_raised(compare, tmp_path):
     data = simulated_dataset(6)
-    with SimulatedEndpoint() as endpoint:
+    with compare.offline_endpoint() as endpoint:
         connection = {"api_base": endpoint.base_url, "api_key": "x", "engine": "litellm", "cache": False}
         task_lm = dspy.LM("openai/sim-task", **connection)
         prompt_lm = dspy.LM("openai/sim-optimizer", **connection)

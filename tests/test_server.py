@@ -1,9 +1,14 @@
-"""The simulated OpenAI-compatible endpoint and simulated model, exercised through the real DSPy/LiteLLM stack."""
+"""The simulated OpenAI-compatible endpoint and simulated model, exercised through the real DSPy/LiteLLM stack.
+
+The peer optimizers' proposals come from ``benchmarks/simulated_peers.py``, plugged in through the endpoint's one
+hook (``responders``); the last tests check that ``dspy_opro`` has no import cycle.
+"""
 
 import os
 
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 
+import ast
 import http.client
 import json
 import re
@@ -27,10 +32,12 @@ from dspy.utils.exceptions import (
     LMTransportError,
 )
 
+from benchmarks.simulated_peers import PEERS
 from dspy_opro.testing import (
     TRAITS,
     FaultConfig,
     SimulatedEndpoint,
+    SimulatedRequest,
     answers_correctly,
     arithmetic_tool,
     instruction_quality,
@@ -72,6 +79,13 @@ def first_int(text):
 @pytest.fixture
 def endpoint():
     with SimulatedEndpoint() as ep:
+        yield ep
+
+
+@pytest.fixture
+def peer_endpoint():
+    """The endpoint with the simulated COPRO, MIPROv2 and GEPA proposers plugged in."""
+    with SimulatedEndpoint(responders=PEERS) as ep:
         yield ep
 
 
@@ -165,7 +179,7 @@ def test_opro_reply_recombines_the_best_traits():
 
 def proposal_kind_and_fields(signature, **inputs):
     adapter = dspy.ChatAdapter()
-    kind, reply = simulated_reply(adapter.format(signature, [], inputs), sample=0)
+    kind, reply = simulated_reply(adapter.format(signature, [], inputs), sample=0, responders=PEERS)
     return kind, adapter.parse(signature, reply)
 
 
@@ -196,9 +210,16 @@ def test_proposal_prompts_are_classified_and_answered():
     from gepa.strategies.instruction_proposal import InstructionProposalSignature
 
     raw = InstructionProposalSignature.prompt_renderer({"current_instruction_doc": basic, "dataset_with_feedback": []})
-    kind, reply = simulated_reply([{"role": "user", "content": raw}], sample=0)
+    kind, reply = simulated_reply([{"role": "user", "content": raw}], sample=0, responders=PEERS)
     new = InstructionProposalSignature.output_extractor(reply)["new_instruction"]
     assert kind == "gepa" and instruction_quality(new) > instruction_quality(basic)
+    # Without the peers the endpoint does not know these prompts: the simulated model answers defaults.
+    assert simulated_reply([{"role": "user", "content": raw}], sample=0) == ("unknown", "OK")
+    copro = dspy.ChatAdapter().format(BasicGenerateInstruction, [], {"basic_instruction": basic})
+    assert simulated_reply(copro, sample=0)[0] == "unknown"
+    # OPRO's meta-prompt stays the endpoint's, with or without the peers.
+    opro = [{"role": "user", "content": META_PROMPT}]
+    assert simulated_reply(opro, sample=3, responders=PEERS) == simulated_reply(opro, sample=3)
 
 
 # ------------------------------------------------------------------------------------------ through the client stack
@@ -319,7 +340,8 @@ def scored_instructions(endpoint, examples):
 # and the answer key's verdict on every instruction they tried are exact.
 
 
-def test_copro_compiles(endpoint, dataset):
+def test_copro_compiles(peer_endpoint, dataset):
+    endpoint = peer_endpoint
     with dspy.context(lm=make_lm(endpoint)):
         copro = dspy.COPRO(metric=simulated_metric, breadth=2, depth=1)
         program = copro.compile(
@@ -331,8 +353,9 @@ def test_copro_compiles(endpoint, dataset):
     assert program.signature.instructions == "Let's show all work."  # the best on the training set
 
 
-def test_mipro_compiles(endpoint, dataset):
+def test_mipro_compiles(peer_endpoint, dataset):
     pytest.importorskip("optuna", reason="MIPROv2 needs the optional optuna dependency")
+    endpoint = peer_endpoint
     with dspy.context(lm=make_lm(endpoint)):
         mipro = dspy.MIPROv2(
             metric=simulated_metric,
@@ -357,7 +380,8 @@ def test_mipro_compiles(endpoint, dataset):
     assert scores == {"Given the fields `question`, produce the fields `answer`.": 1, "Let's verify the result.": 2}
 
 
-def test_gepa_compiles(endpoint, dataset):
+def test_gepa_compiles(peer_endpoint, dataset):
+    endpoint = peer_endpoint
     lm = make_lm(endpoint)
     with dspy.context(lm=lm):
         gepa = dspy.GEPA(metric=simulated_metric_with_feedback, max_metric_calls=24, reflection_lm=lm, num_threads=4)
@@ -641,7 +665,7 @@ def test_stop_interrupts_a_hanging_request():
 def test_cli_serves_until_sigterm():
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dspy_opro.testing.server", "--port", "0", "--latency", "0"],
+        [sys.executable, "-m", "dspy_opro.testing", "--port", "0", "--latency", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -670,3 +694,152 @@ def test_lm_helper_reaches_the_endpoint_through_litellm():
         reply = lm("Say hello.")
         assert len(reply) == 1 and endpoint.count() == 1
         assert endpoint.requests[0].model == "helper-model"
+
+
+# ------------------------------------------------------------------------------------------------ the responder hook
+
+
+def test_responders_claim_requests_before_the_simulated_model(dataset):
+    asked: list[tuple[str, int]] = []
+    seen: list[SimulatedRequest] = []
+
+    def pong(request: SimulatedRequest) -> tuple[str, str] | None:
+        asked.append(("pong", request.sample))
+        seen.append(request)
+        return ("custom", f"pong {request.sample}") if request.text == "ping" else None
+
+    def second(request: SimulatedRequest) -> tuple[str, str] | None:
+        asked.append(("second", request.sample))
+        return None
+
+    ping = {"model": "m", "messages": [{"role": "user", "content": "ping"}]}
+    hello = {"model": "m", "messages": [{"role": "user", "content": "Hello there"}]}
+    with SimulatedEndpoint(responders=[pong, second], seed=7) as ep:
+        _, body = post(ep.port, {**ping, "n": 3})
+        assert [c["message"]["content"] for c in json.loads(body)["choices"]] == ["pong 0", "pong 1", "pong 2"]
+        assert asked == [("pong", 0), ("pong", 1), ("pong", 2)]  # the first claim wins: second is not asked
+        _, body = post(ep.port, hello)
+        assert json.loads(body)["choices"][0]["message"]["content"] == "OK"  # passed on to the simulated model
+        assert asked[3:] == [("pong", 0), ("second", 0)]
+        with dspy.context(lm=make_lm(ep)):
+            pred = dspy.Predict("question -> answer")(question=dataset[0].question)
+        assert first_int(pred.answer) is not None
+        task = seen[-1]
+        assert task.prompt is not None and task.prompt.inputs["question"] == dataset[0].question
+        assert (task.sample, task.seed, task.messages) == (0, 7, ep.requests[-1].messages)
+        assert [(r.kind, r.status) for r in ep.requests] == [("custom", 200), ("unknown", 200), ("task", 200)]
+        # The claimed kind is the request's kind everywhere, faults included.
+        ep.faults = FaultConfig(server_error=1.0, only_kinds={"custom"})
+        assert [post(ep.port, payload)[0].status for payload in (ping, hello)] == [500, 200]
+
+
+# ------------------------------------------------------------------------------------------------ import cycles
+
+PACKAGE = Path(__file__).resolve().parent.parent / "dspy_opro"
+
+
+def imported_modules(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> set[str]:
+    """The modules of ``known`` that ``tree`` (the source of ``module``) imports anywhere: at the top, inside
+    functions and under ``TYPE_CHECKING``. ``from P import name`` imports ``P.name`` when that is a module, else
+    ``P``; relative imports are resolved against ``module``'s package."""
+    package = module if is_package else module.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name:
+                targets.add(name)
+    return targets
+
+
+def package_imports() -> dict[str, set[str]]:
+    """Every module of ``dspy_opro`` -> the ``dspy_opro`` modules it imports."""
+    files = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        files[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    known = set(files)
+    return {
+        name: imported_modules(ast.parse(path.read_text(encoding="utf-8")), name, is_package, known)
+        for name, (path, is_package) in files.items()
+    }
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` that hold a cycle (Tarjan), each sorted, sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph.get(node, ()):
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(cycles)
+
+
+def test_imports_are_found_in_functions_and_under_type_checking():
+    source = (
+        "from typing import TYPE_CHECKING\nimport dspy\nfrom . import faults\nfrom .hashing import stable_unit\n"
+        "from dspy_opro.testing import FaultConfig\nif TYPE_CHECKING:\n    from dspy_opro.testing.server import X\n"
+        "def main():\n    from dspy_opro.testing import cli\n    import dspy_opro.testing.transport as t\n"
+    )
+    known = {"dspy_opro", "dspy_opro.testing"} | {
+        f"dspy_opro.testing.{name}" for name in ("faults", "hashing", "server", "cli", "transport", "x")
+    }
+    found = imported_modules(ast.parse(source), "dspy_opro.testing.x", False, known)
+    assert found == {"dspy_opro.testing"} | {
+        f"dspy_opro.testing.{name}" for name in ("faults", "hashing", "server", "cli", "transport")
+    }
+    # The shape the package had: server <-> cli (an import inside a function), server <-> transport (TYPE_CHECKING).
+    graph = {"server": {"cli", "transport", "faults"}, "cli": {"server"}, "transport": {"server"}, "faults": set()}
+    assert import_cycles(graph) == [["cli", "server", "transport"]]
+    assert import_cycles({"a": {"a"}, "b": {"c"}, "c": set()}) == [["a"]]
+
+
+def test_the_package_has_no_import_cycle():
+    graph = package_imports()
+    assert {"dspy_opro", "dspy_opro.testing", "dspy_opro.testing.server", "dspy_opro.testing.__main__"} <= set(graph)
+    assert graph["dspy_opro.testing.__main__"] == {"dspy_opro.testing.faults", "dspy_opro.testing.server"}
+    assert import_cycles(graph) == []
+
+
+def test_testing_and_the_library_do_not_import_each_other():
+    graph = package_imports()
+    testing = {name for name in graph if name == "dspy_opro.testing" or name.startswith("dspy_opro.testing.")}
+    assert sorted({target for name in testing for target in graph[name]} - testing) == []
+    assert sorted(name for name in set(graph) - testing if graph[name] & testing) == []

@@ -107,7 +107,8 @@ def parse_adapter_prompt(messages: list[dict]) -> AdapterPrompt | None:
     # trajectory's thought_0, observation_0, ...) stay inside their field's value.
     names = set(declared_inputs)
     inputs: dict[str, str] = {}
-    current, buffer = None, []
+    current: str | None = None
+    buffer: list[str] = []
     for line in body.split("\n"):
         match = _HEADER.match(line.strip())
         if match and (not names or match.group(1) in names):

@@ -69,8 +69,8 @@ class FaultConfig:
         malformed: Share of 200 answers whose body is not valid JSON.
         empty_choices: Share of 200 answers with ``"choices": []``.
         auth_error: Answer every request 401 with OpenAI's ``invalid_api_key`` error body.
-        only_kinds: Apply faults (random and ``fail_requests``) only to requests of these kinds
-            (``task``, ``opro``, ``copro``, ``mipro``, ``gepa``, ``judge``, ``unknown``).
+        only_kinds: Apply faults (random and ``fail_requests``) only to requests of these kinds (``task``,
+            ``opro``, ``judge``, ``unknown``, or a kind the endpoint's responders claim requests as).
         first_n: Apply the random faults only to requests with index < first_n.
         fail_requests: Request indices (0-based, counted since the start or the last ``reset_log()``) that get
             ``fail_kind``.
@@ -94,7 +94,7 @@ class FaultConfig:
     fail_requests: set[int] | None = None
     fail_kind: str = "server_error"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         shares = (self.rate_limit, self.server_error, self.hang, self.malformed, self.empty_choices)
         if any(share < 0 or share > 1 for share in shares) or sum(shares) > 1 + 1e-9:
             raise ValueError("fault shares must lie in [0, 1] and sum to at most 1")

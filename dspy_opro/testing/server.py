@@ -1,8 +1,10 @@
 """A simulated OpenAI-compatible chat-completions endpoint on 127.0.0.1, for tests, benchmarks and offline demos.
 
 The real DSPy/LiteLLM client stack talks to it over HTTP; the replies come from
-:func:`dspy_opro.testing.simulated.simulated_reply`. Faults (429 with Retry-After, 500, hangs, malformed JSON,
-empty choices, 401) can be injected deterministically.
+:func:`dspy_opro.testing.simulated.simulated_reply`, after the endpoint's responders (the one hook for answering
+prompts the simulated model does not know, e.g. other optimizers' proposal prompts). Faults (429 with
+Retry-After, 500, hangs, malformed JSON, empty choices, 401) can be injected deterministically
+(:mod:`dspy_opro.testing.faults`); the HTTP plumbing is :mod:`dspy_opro.testing.transport`.
 
 Example::
 
@@ -11,8 +13,8 @@ Example::
         ...
         endpoint.count(kind="task")
 
-Command line: ``python -m dspy_opro.testing.server --port 8765 --latency 0.05`` prints
-``listening on http://127.0.0.1:8765/v1`` and serves until Ctrl-C or SIGTERM.
+Command line (:mod:`dspy_opro.testing.__main__`): ``python -m dspy_opro.testing --port 8765 --latency 0.05``
+prints ``listening on http://127.0.0.1:8765/v1`` and serves until Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -23,15 +25,17 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dspy_opro.testing.faults import FAULT_KINDS, REFUSALS, FaultConfig
+from dspy_opro.testing.adapter_prompts import message_text
+from dspy_opro.testing.faults import REFUSALS, FaultConfig
 from dspy_opro.testing.hashing import stable_unit
-from dspy_opro.testing.simulated import simulated_reply
+from dspy_opro.testing.simulated import Responder, simulated_reply
 from dspy_opro.testing.transport import RequestHandler, ThreadedServer
 
-__all__ = ["FAULT_KINDS", "FaultConfig", "RequestRecord", "SimulatedEndpoint", "main"]
+__all__ = ["RequestRecord", "SimulatedEndpoint", "count_tokens"]
 
 _MODEL_ID = "sim-model"
 _ODD_BYTES_MARK = "@@not-utf8@@"
@@ -41,9 +45,10 @@ _ODD_BYTES_MARK = "@@not-utf8@@"
 class RequestRecord:
     """One request the endpoint received.
 
-    ``status`` is the HTTP status sent (0 when the connection was closed without an answer, e.g. a hang cut short
-    by ``stop()``); ``fault`` the injected fault's name or None. Token counts are whitespace-split words: the
-    prompt's over all messages, the completion's summed over the choices actually sent.
+    ``kind`` is what the request asked (``task``, ``opro``, ``judge``, ``unknown``, or the kind a responder
+    claimed it as); ``status`` the HTTP status sent (0 when the connection was closed without an answer, e.g. a
+    hang cut short by ``stop()``); ``fault`` the injected fault's name or None. Token counts are whitespace-split
+    words: the prompt's over all messages, the completion's summed over the choices actually sent.
     """
 
     index: int
@@ -70,14 +75,6 @@ def count_tokens(text: str) -> int:
     return len(text.split())
 
 
-def _message_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
-    return "" if content is None else str(content)
-
-
 def _error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
     return json.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}}).encode()
 
@@ -98,6 +95,9 @@ class SimulatedEndpoint:
         cached_tokens: Prompt tokens each answer reports as read from a prompt cache
             (``usage.prompt_tokens_details.cached_tokens``, at most the prompt's tokens), as OpenAI does, so that
             cached-token discounts can be tested.
+        responders: Asked in order, before the simulated model's own routing, to claim each request
+            (:data:`~dspy_opro.testing.simulated.Responder`: return ``(kind, reply text)``, or None to pass):
+            the hook for prompts the simulated model does not answer itself.
 
     Use as a context manager or call ``start()``/``stop()``. Routes: ``POST /v1/chat/completions``,
     ``GET /v1/models``; anything else gets a 404 JSON error.
@@ -116,6 +116,7 @@ class SimulatedEndpoint:
         host: str = "127.0.0.1",
         port: int = 0,
         cached_tokens: int = 0,
+        responders: Sequence[Responder] = (),
     ):
         if isinstance(latency, (tuple, list)):
             low, high = (float(x) for x in latency)
@@ -130,6 +131,7 @@ class SimulatedEndpoint:
         if cached_tokens < 0:
             raise ValueError("cached_tokens must be non-negative")
         self.cached_tokens = cached_tokens
+        self.responders: tuple[Responder, ...] = tuple(responders)
         self.seed = seed
         self.host = host
         self._requested_port = port
@@ -147,7 +149,7 @@ class SimulatedEndpoint:
         if self._server is not None:
             raise RuntimeError("endpoint already started")
         self._stopping.clear()
-        self._server = ThreadedServer((self.host, self._requested_port), self)
+        self._server = ThreadedServer((self.host, self._requested_port), self._handle)
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, name="sim-endpoint", daemon=True
         )
@@ -170,7 +172,7 @@ class SimulatedEndpoint:
     def __enter__(self) -> SimulatedEndpoint:
         return self.start()
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     @property
@@ -265,7 +267,9 @@ class SimulatedEndpoint:
                 record.finished = time.monotonic()
 
     def _respond(self, handler: RequestHandler, method: str, path: str, body: bytes, record: RequestRecord) -> None:
-        def send(status: int, payload: bytes, content_type: str = "application/json", headers=()) -> None:
+        def send(
+            status: int, payload: bytes, content_type: str = "application/json", headers: Iterable[tuple[str, str]] = ()
+        ) -> None:
             record.status, record.finished = status, time.monotonic()
             handler.send_all(status, payload, content_type, headers)
 
@@ -290,20 +294,13 @@ class SimulatedEndpoint:
 
         messages = request["messages"]
         record.messages, record.model, record.n = messages, request.get("model"), n
-        texts = [_message_text(m.get("content")) for m in messages if isinstance(m, dict)]
+        texts = [message_text(m.get("content")) for m in messages if isinstance(m, dict)]
         record.prompt_tokens = sum(count_tokens(text) for text in texts)
-        kind, first = simulated_reply(messages, sample=0, seed=self.seed)
+        kind, first = self._reply(messages, 0)
         record.kind = kind
 
         faults = self.faults
-        if faults.auth_error:
-            record.fault = "auth_error"
-            message = (
-                "Incorrect API key provided. You can find your API key at https://platform.openai.com/account/api-keys."
-            )
-            send(401, _error_body(message, "invalid_request_error", "invalid_api_key"))
-            return
-        fault = record.fault = faults.choose(record.index, kind, self.seed)
+        fault = record.fault = "auth_error" if faults.auth_error else faults.choose(record.index, kind, self.seed)
         if fault in REFUSALS:
             status, message, type_, code = REFUSALS[fault]
             send(status, _error_body(message, type_, code))
@@ -331,7 +328,7 @@ class SimulatedEndpoint:
         if fault == "one_choice":
             contents = contents[:1]
         record.completion_tokens = sum(count_tokens(content) for content in contents)
-        usage = {
+        usage: dict[str, Any] = {
             "prompt_tokens": record.prompt_tokens,
             "completion_tokens": record.completion_tokens,
             "total_tokens": record.prompt_tokens + record.completion_tokens,
@@ -380,10 +377,15 @@ class SimulatedEndpoint:
                 repeat = self._repeats.get(key, 0)
                 self._repeats[key] = repeat + 1
         samples = [repeat * n + i for i in range(n)]
-        return [first if s == 0 else simulated_reply(messages, sample=s, seed=self.seed)[1] for s in samples]
+        return [first if s == 0 else self._reply(messages, s)[1] for s in samples]
+
+    def _reply(self, messages: list, sample: int) -> tuple[str, str]:
+        return simulated_reply(messages, sample=sample, seed=self.seed, responders=self.responders)
 
     @staticmethod
-    def _stream_body(response_id, created, model, contents, usage, request) -> bytes:
+    def _stream_body(
+        response_id: str, created: int, model: str, contents: list[str], usage: dict[str, Any], request: dict
+    ) -> bytes:
         base = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model}
         events = []
         for i, content in enumerate(contents):
@@ -396,12 +398,5 @@ class SimulatedEndpoint:
         return text.encode("utf-8")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command line (see :mod:`dspy_opro.testing.cli`)."""
-    from dspy_opro.testing.cli import main as cli_main
-
-    return cli_main(argv)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit("The endpoint's command line is: python -m dspy_opro.testing --help")

@@ -1,53 +1,76 @@
-"""The simulated model: classify a chat request and route it to the task model, the judge or a peer optimizer.
+"""The simulated model: classify a chat request and route it to a responder, the OPRO proposer, the judge or the task.
 
-:func:`simulated_reply` reads an OpenAI-style message list and decides what it is being asked:
+:func:`simulated_reply` reads an OpenAI-style message list and decides what it is being asked. Responders passed in
+(:data:`Responder`: a callable that sees the request as a :class:`SimulatedRequest` and returns ``(kind, reply)``
+to claim it, or None) are asked first, in order; this is how tests and benchmarks answer other optimizers'
+prompts. Then the built-in routing:
 
+* ``"opro"``: an OPRO meta-prompt (or an adapter prompt carrying one as an input), answered by
+  :func:`dspy_opro.testing.proposer.opro_reply`;
+* ``"judge"``: a DSPy adapter prompt with ``preference`` and ``rationale`` outputs, answered by
+  :func:`dspy_opro.testing.task_model.judge_reply`;
 * ``"task"``: a DSPy ``ChatAdapter``/``JSONAdapter`` prompt of a program over the simulated dataset, answered by
   :func:`dspy_opro.testing.task_model.task_reply`;
-* ``"opro"``: an OPRO meta-prompt, answered by :func:`dspy_opro.testing.peers.opro_reply`;
-* ``"copro"`` / ``"mipro"`` / ``"gepa"``: the proposal prompts of DSPy's COPRO, MIPROv2 and GEPA (and the
-  ``gepa`` package's raw reflective prompt), answered in :mod:`dspy_opro.testing.peers`;
-* ``"judge"``: a signature with ``preference`` and ``rationale`` outputs;
-* ``"unknown"``: everything else.
-
-Nothing in ``dspy_opro.testing`` talks to a network or imports the rest of ``dspy_opro``.
+* ``"unknown"``: everything else (``"OK"``, or an adapter reply with a default value in every output).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
 from dspy_opro.testing.adapter_prompts import AdapterPrompt, fill_outputs, message_text, parse_adapter_prompt
-from dspy_opro.testing.peers import gepa_raw_reply, is_gepa_raw_prompt, is_opro_prompt, opro_reply, proposal_reply
+from dspy_opro.testing.proposer import is_opro_prompt, opro_reply
 from dspy_opro.testing.task_model import judge_reply, question_of, task_reply
 
-__all__ = ["simulated_reply"]
+__all__ = ["Responder", "SimulatedRequest", "simulated_reply"]
 
-# MIPROv2's proposer signatures: (output field, an input field it always comes with); None: no input needed.
-_MIPRO_FIELDS = (
-    ("proposed_instruction", None),
-    ("observations", "examples"),
-    ("summary", "observations"),
-    ("program_description", "program_code"),
-    ("module_description", "program_code"),
-)
+
+@dataclass(frozen=True)
+class SimulatedRequest:
+    """One chat request as a responder sees it, read once for every responder and the built-in routing.
+
+    Attributes:
+        messages: The request's OpenAI-style messages (only the dict ones).
+        prompt: The DSPy adapter prompt the messages hold, or None when they are not one.
+        text: The last user message's text (every message's text when there is no user message).
+        sample: Which of the request's samples is being drawn (its ``n`` choices use ``0..n-1``).
+        seed: The simulated model's seed.
+    """
+
+    messages: list[dict]
+    prompt: AdapterPrompt | None
+    text: str
+    sample: int
+    seed: int
+
+
+Responder = Callable[[SimulatedRequest], tuple[str, str] | None]
+"""Claims a request by returning ``(kind, reply text)``, or leaves it to the next responder by returning None.
+
+The kind is logged in :attr:`RequestRecord.kind <dspy_opro.testing.server.RequestRecord>` and matched by
+:attr:`FaultConfig.only_kinds <dspy_opro.testing.faults.FaultConfig>`. A responder must be deterministic in the
+request (the endpoint may ask it again for later samples) and safe to call from several threads at once.
+"""
+
+
+def _text(messages: list[dict]) -> str:
+    users = [message_text(m.get("content")) for m in messages if m.get("role") == "user"]
+    return users[-1] if users else "\n".join(message_text(m.get("content")) for m in messages)
 
 
 def _classify_adapter(prompt: AdapterPrompt) -> str:
     outputs = set(prompt.outputs)
     if "preference" in outputs and "rationale" in outputs:
         return "judge"
-    if "proposed_prefix_for_output_field" in outputs:
-        return "copro"
-    inputs = set(prompt.input_names) | set(prompt.inputs)
-    if any(output in outputs and (needs is None or needs in inputs) for output, needs in _MIPRO_FIELDS):
-        return "mipro"
-    if outputs & {"new_instruction", "shortened_instruction"}:
-        return "gepa"
     if question_of(prompt) is not None:
         return "task"
     return "unknown"
 
 
-def simulated_reply(messages: list[dict], *, sample: int = 0, seed: int = 0) -> tuple[str, str]:
+def simulated_reply(
+    messages: list[dict], *, sample: int = 0, seed: int = 0, responders: Sequence[Responder] = ()
+) -> tuple[str, str]:
     """Classify a chat request and answer it deterministically.
 
     Args:
@@ -55,20 +78,23 @@ def simulated_reply(messages: list[dict], *, sample: int = 0, seed: int = 0) -> 
         sample: Which of several samples to draw (a request's ``n`` choices use 0..n-1); proposals differ
             between samples, the task model's correctness does not.
         seed: The simulated model's seed.
+        responders: Asked first, in order; the first that returns ``(kind, reply)`` answers the request.
 
     Returns:
-        ``(kind, content)`` with kind one of ``task``, ``opro``, ``copro``, ``mipro``, ``gepa``, ``judge``,
-        ``unknown``.
+        ``(kind, content)`` with kind a responder's, or one of ``opro``, ``judge``, ``task``, ``unknown``.
     """
     messages = [m for m in (messages or []) if isinstance(m, dict)]
     prompt = parse_adapter_prompt(messages)
+    text = _text(messages)
+    if responders:
+        request = SimulatedRequest(messages, prompt, text, sample, seed)
+        for responder in responders:
+            claimed = responder(request)
+            if claimed is not None:
+                return claimed
     if prompt is None:
-        users = [message_text(m.get("content")) for m in messages if m.get("role") == "user"]
-        text = users[-1] if users else "\n".join(message_text(m.get("content")) for m in messages)
         if is_opro_prompt(text):
             return "opro", opro_reply(text, sample=sample, seed=seed)
-        if is_gepa_raw_prompt(text):
-            return "gepa", gepa_raw_reply(text, sample=sample, seed=seed)
         return "unknown", "OK"
 
     # An OPRO meta-prompt handed over as an adapter input: answer the str outputs with the wrapped reply.
@@ -81,8 +107,6 @@ def simulated_reply(messages: list[dict], *, sample: int = 0, seed: int = 0) -> 
     kind = _classify_adapter(prompt)
     if kind == "judge":
         return kind, judge_reply(prompt, sample)
-    if kind in ("copro", "mipro", "gepa"):
-        return kind, proposal_reply(prompt, kind, sample=sample, seed=seed)
     if kind == "task":
         return kind, task_reply(prompt, question_of(prompt) or "", sample=sample, seed=seed)
     return kind, fill_outputs(prompt, {}, sample)

@@ -19,11 +19,15 @@ import operator
 import random
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dspy_opro.testing.adapter_prompts import AdapterPrompt, fill_outputs
 from dspy_opro.testing.hashing import stable_unit
+
+if TYPE_CHECKING:
+    import dspy
 
 __all__ = [
     "BASE_QUALITY",
@@ -224,7 +228,7 @@ def solve_question(question: str) -> tuple[int, str] | None:
     return None
 
 
-def simulated_dataset(n: int = 40, *, seed: int = 0) -> list:
+def simulated_dataset(n: int = 40, *, seed: int = 0) -> list[dspy.Example]:
     """``n`` arithmetic word problems as ``dspy.Example(question=..., answer="<int>").with_inputs("question")``.
 
     Deterministic for a seed; the questions are distinct and cycle through eight templates in a shuffled order.
@@ -232,7 +236,8 @@ def simulated_dataset(n: int = 40, *, seed: int = 0) -> list:
     import dspy
 
     rng = random.Random(f"simulated-dataset:{seed}")
-    examples, seen = [], set()
+    examples: list[dspy.Example] = []
+    seen: set[str] = set()
     attempts = 0
     while len(examples) < n:
         attempts += 1
@@ -258,14 +263,16 @@ def _first_int(value: Any) -> int | None:
     return int(match.group(0)) if match else None
 
 
-def simulated_metric(example, prediction, trace=None) -> float:
+def simulated_metric(example: dspy.Example, prediction: Any, trace: Any = None) -> float:
     """1.0 when the first integer in ``prediction.answer`` equals ``example.answer``, else 0.0."""
     got = _first_int(getattr(prediction, "answer", None))
     want = _first_int(example.answer)
     return 1.0 if got is not None and got == want else 0.0
 
 
-def simulated_metric_with_feedback(gold, pred, trace=None, pred_name=None, pred_trace=None):
+def simulated_metric_with_feedback(
+    gold: dspy.Example, pred: Any, trace: Any = None, pred_name: str | None = None, pred_trace: Any = None
+) -> dspy.Prediction:
     """:func:`simulated_metric` in the shape ``dspy.GEPA`` takes: ``dspy.Prediction(score=..., feedback=...)``."""
     import dspy
 
@@ -282,8 +289,13 @@ def simulated_metric_with_feedback(gold, pred, trace=None, pred_name=None, pred_
 # --------------------------------------------------------------------------------------------------------------
 
 _PARSE_LOCK = threading.Lock()
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
 def _evaluate(expression: str) -> int | float:
@@ -295,7 +307,7 @@ def _evaluate(expression: str) -> int | float:
     def walk(node: ast.AST) -> int | float:
         if isinstance(node, ast.Expression):
             return walk(node.body)
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
             left, right = walk(node.left), walk(node.right)
@@ -343,6 +355,7 @@ def _answer_for(instruction: str, question: str, *, seed: int) -> tuple[int, str
 
 
 def question_of(prompt: AdapterPrompt) -> str | None:
+    """The simulated word problem an adapter prompt asks about (its ``question`` input first), or None."""
     if "question" in prompt.inputs and solve_question(prompt.inputs["question"]):
         return prompt.inputs["question"]
     for name, value in prompt.inputs.items():
@@ -373,6 +386,8 @@ def _react_step(prompt: AdapterPrompt, question: str, sample: int) -> dict[str, 
 
 
 def task_reply(prompt: AdapterPrompt, question: str, *, sample: int, seed: int) -> str:
+    """The task model's reply to a program's adapter prompt about ``question``: the (possibly wrong) answer, a
+    reasoning line for the other text outputs, and a ReAct step when the prompt asks for one."""
     known: dict[str, Any] = {}
     if "next_tool_name" in prompt.outputs or "next_tool_args" in prompt.outputs:
         known.update(_react_step(prompt, question, sample))
@@ -407,6 +422,7 @@ def _find_instruction(text: str) -> str | None:
 
 
 def judge_reply(prompt: AdapterPrompt, sample: int) -> str:
+    """The pairwise judge's reply: a preference in [-10, 10] from the two trajectories' instruction qualities."""
     inputs = prompt.inputs
     anchor_key = next((k for k in inputs if "anchor" in k), "trajectory_a")
     candidate_key = next((k for k in inputs if "candidate" in k), "trajectory_b")

@@ -1,9 +1,10 @@
 """The HTTP plumbing of the simulated endpoint: one-packet answers and a server that can close every connection.
 
-:class:`RequestHandler` hands each request to its endpoint and writes status line, headers and body in one
-``sendall`` with ``TCP_NODELAY`` set (an answer split over packets stalls 40 ms on delayed ACKs).
+:class:`RequestHandler` hands each request to its server's ``answer`` callable and writes status line, headers and
+body in one ``sendall`` with ``TCP_NODELAY`` set (an answer split over packets stalls 40 ms on delayed ACKs).
 :class:`ThreadedServer` serves each connection on its own thread and remembers them, so that stopping the endpoint
-can shut every connection down and join its thread.
+can shut every connection down and join its thread. Nothing here knows the endpoint: it passes its own request
+handler in as ``answer``.
 """
 
 from __future__ import annotations
@@ -11,45 +12,50 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from dspy_opro.testing.server import SimulatedEndpoint
-
-__all__ = ["RequestHandler", "ThreadedServer"]
+__all__ = ["Answer", "RequestHandler", "ThreadedServer"]
 
 
 class RequestHandler(BaseHTTPRequestHandler):
-    """Passes every request to ``self.server.endpoint``; writes each answer in one packet."""
+    """Passes every request to its server's ``answer``; writes each answer in one packet."""
 
     protocol_version = "HTTP/1.1"
     server_version = "SimulatedOpenAI/1.0"
     sys_version = ""
 
-    def setup(self):
+    def setup(self) -> None:
         super().setup()
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def log_message(self, format, *args):  # noqa: A002 - the base class's signature
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
         pass
 
-    def do_POST(self):
-        self.server.endpoint._handle(self, "POST")
+    def _dispatch(self, method: str) -> None:
+        server = self.server
+        if not isinstance(server, ThreadedServer):
+            raise TypeError(f"RequestHandler serves a ThreadedServer, not {type(server).__name__}")
+        server.answer(self, method)
 
-    def do_GET(self):
-        self.server.endpoint._handle(self, "GET")
+    def do_POST(self) -> None:
+        self._dispatch("POST")
 
-    def do_PUT(self):
-        self.server.endpoint._handle(self, "PUT")
+    def do_GET(self) -> None:
+        self._dispatch("GET")
 
-    def do_DELETE(self):
-        self.server.endpoint._handle(self, "DELETE")
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
 
     def read_body(self) -> bytes:
+        """The request's body, read by ``Content-Length`` or, for ``Transfer-Encoding: chunked``, chunk by chunk."""
         if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-            chunks = []
+            chunks: list[bytes] = []
             while True:
                 size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
                 if size == 0:
@@ -61,7 +67,13 @@ class RequestHandler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         return self.rfile.read(length) if length > 0 else b""
 
-    def send_all(self, status: int, body: bytes, content_type: str = "application/json", headers=()) -> None:
+    def send_all(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "application/json",
+        headers: Iterable[tuple[str, str]] = (),
+    ) -> None:
         """Status line, headers and body in one ``sendall`` (no delayed-ACK stall between packets)."""
         lines = [
             f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
@@ -78,20 +90,31 @@ class RequestHandler(BaseHTTPRequestHandler):
         self.connection.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
 
 
+Answer = Callable[[RequestHandler, str], None]
+"""Answers one request: called with the handler (to read the body and send the answer) and the HTTP method."""
+
+
 class ThreadedServer(ThreadingHTTPServer):
-    """A thread per connection, each remembered until it ends, so that :meth:`close_connections` can end them."""
+    """A thread per connection, each remembered until it ends, so that :meth:`close_connections` can end them.
+
+    Args:
+        address: ``(host, port)`` to bind; port 0 picks a free one.
+        answer: Called for every request with its handler and HTTP method.
+    """
 
     daemon_threads = True
     allow_reuse_address = True
     block_on_close = False
 
-    def __init__(self, address, endpoint: SimulatedEndpoint):
-        self.endpoint = endpoint
+    def __init__(self, address: tuple[str, int], answer: Answer):
+        self.answer = answer
         self._connections: dict[socket.socket, threading.Thread] = {}
         self._connections_lock = threading.Lock()
         super().__init__(address, RequestHandler)
 
-    def process_request(self, request, client_address):
+    def process_request(self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any) -> None:
+        if not isinstance(request, socket.socket):  # a TCP server's requests are the sockets it accepted
+            raise TypeError(f"expected a connected socket, got {type(request).__name__}")
         thread = threading.Thread(
             target=self._serve_connection, args=(request, client_address), name="sim-endpoint-conn", daemon=True
         )
@@ -99,7 +122,7 @@ class ThreadedServer(ThreadingHTTPServer):
             self._connections[request] = thread
         thread.start()
 
-    def _serve_connection(self, request, client_address):
+    def _serve_connection(self, request: socket.socket, client_address: Any) -> None:
         try:
             self.finish_request(request, client_address)
         except Exception:  # a client that went away mid-request
@@ -110,6 +133,7 @@ class ThreadedServer(ThreadingHTTPServer):
                 self._connections.pop(request, None)
 
     def close_connections(self, timeout: float = 5.0) -> None:
+        """Shut every open connection down and join its thread (``timeout`` seconds in all)."""
         with self._connections_lock:
             items = list(self._connections.items())
         for sock, _ in items:

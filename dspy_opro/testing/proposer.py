@@ -1,33 +1,24 @@
-"""Simulated optimizers' proposals: OPRO meta-prompts and the proposal prompts of COPRO, MIPROv2 and GEPA.
+"""The simulated optimizer model: a new instruction recombined from scored ones, and the reply to an OPRO meta-prompt.
 
-Every proposer is answered by :func:`propose_instruction`, which recombines the traits of the best-scored
-instructions it is shown (see :data:`~dspy_opro.testing.task_model.TRAITS`). :func:`opro_reply` reads an OPRO
-meta-prompt (any of the upstream wordings) and wraps the new instruction the way it asks (``<INS>``, ``<Start>``,
-square brackets or ``<TEXT>``), sometimes with chatter around it; :func:`proposal_reply` answers DSPy's COPRO,
-MIPROv2 (grounded proposer and its data/program summarizers) and GEPA (``ProposeInstruction``) signatures;
-:func:`gepa_raw_reply` answers the ``gepa`` package's raw reflective prompt.
+:func:`propose_instruction` recombines the traits (:data:`~dspy_opro.testing.task_model.TRAITS`) of the
+best-scored instructions it is shown into a new one. :func:`opro_reply` reads an OPRO meta-prompt (any of the
+upstream wordings, recognised by :func:`is_opro_prompt`), finds its scored instructions (:func:`scored_pairs`) and
+wraps the new instruction the way the prompt asks (``<INS>``, ``<Start>``, square brackets or ``<TEXT>``),
+sometimes with chatter around it. The endpoint is the optimizer model of every offline OPRO run, so answering OPRO
+stays here; other optimizers' proposal prompts are answered by responders plugged into the endpoint (see
+:class:`~dspy_opro.testing.simulated.SimulatedRequest`).
 """
 
 from __future__ import annotations
 
-import json
 import random
 import re
-from typing import Any
+from collections.abc import Sequence
 
-from dspy_opro.testing.adapter_prompts import AdapterPrompt, fill_outputs
 from dspy_opro.testing.hashing import stable_rng, stable_unit
 from dspy_opro.testing.task_model import TRAITS, Trait, instruction_traits
 
-__all__ = [
-    "gepa_raw_reply",
-    "is_gepa_raw_prompt",
-    "is_opro_prompt",
-    "opro_reply",
-    "propose_instruction",
-    "proposal_reply",
-    "scored_pairs",
-]
+__all__ = ["is_opro_prompt", "opro_reply", "propose_instruction", "scored_pairs"]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -55,20 +46,35 @@ def _compose(traits: list[Trait], rng: random.Random) -> str:
 
 
 def propose_instruction(
-    scored: list[tuple[str, float | None]], *, seed: int = 0, salt: str = "", sample: int = 0, improve: bool = False
+    scored: Sequence[tuple[str, float | None]],
+    *,
+    seed: int = 0,
+    salt: str = "",
+    sample: int = 0,
+    improve: bool = False,
 ) -> str:
     """Recombine the traits of the best of ``scored`` (instruction, score) pairs into a new instruction.
 
     Keeps the traits of the best instruction and, each with probability 1/2, those of the next two; drops one
-    kept trait a quarter of the time; adds one new trait (helpful three times as likely as harmful). With
-    ``improve=True`` (the COPRO/MIPROv2/GEPA proposers, shown one instruction) harmful traits are dropped and
-    only a helpful trait is added. Deterministic in ``(seed, salt, sample)``.
+    kept trait a quarter of the time; adds one new trait (helpful three times as likely as harmful).
+
+    Args:
+        scored: The instructions shown to the proposer with their scores (None: not shown); the best comes first
+            after ranking by score, ties and unscored ones in the order given.
+        seed: The simulated model's seed.
+        salt: What the proposal is about (the prompt's text), so that different prompts get different proposals.
+        sample: Which of several samples to draw.
+        improve: Asked to improve the instructions shown rather than to explore (a proposer shown one
+            instruction): harmful traits are dropped and only a helpful trait is added.
+
+    Returns:
+        One sentence with no digits, ending in a period; deterministic in ``(seed, salt, sample)``.
     """
     rng = stable_rng("propose", seed, salt, sample)
-    ranked = sorted(
+    by_score = sorted(
         enumerate(scored), key=lambda item: (item[1][1] if item[1][1] is not None else float("-inf"), -item[0])
     )
-    ranked = [pair for _, pair in reversed(ranked)]
+    ranked = [pair for _, pair in reversed(by_score)]
     kept: list[Trait] = []
     for rank, (text, _) in enumerate(ranked[:3]):
         for trait in instruction_traits(text):
@@ -86,29 +92,21 @@ def propose_instruction(
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Finding scored instructions in proposal prompts
+# Finding scored instructions in OPRO meta-prompts
 # --------------------------------------------------------------------------------------------------------------
 
 _SCORE = r"(-?\d+(?:\.\d+)?(?:[eE]-?\d+)?)"
 
 
 def scored_pairs(text: str) -> list[tuple[str, float | None]]:
-    """The (instruction, score) pairs shown in an OPRO, COPRO or MIPROv2 prompt; score None when not shown."""
+    """The (instruction, score) pairs an OPRO meta-prompt shows (any of the upstream wordings)."""
     pairs: list[tuple[str, float | None]] = []
-    # OPRO (GPT and PaLM wording): "text:\n<instruction>\nscore:\n<score>"
+    # GPT and PaLM wording: "text:\n<instruction>\nscore:\n<score>"
     for match in re.finditer(r"(?:^|\n)text:\n(.*?)\nscore:\n" + _SCORE, text, flags=re.DOTALL):
         pairs.append((match.group(1).strip(), float(match.group(2))))
-    # OPRO instructions_only: "Precision: <score> <TEXT><instruction></TEXT>"
+    # instructions_only: "Precision: <score> <TEXT><instruction></TEXT>"
     for match in re.finditer(r"Precision:\s*" + _SCORE + r"\s*<TEXT>(.*?)</TEXT>", text, flags=re.DOTALL):
         pairs.append((match.group(2).strip(), float(match.group(1))))
-    # COPRO: "Instruction #i: ...", "Resulting Score #i: ..."
-    instructions = dict(re.findall(r"Instruction #(\d+): (.*?)(?=\s*»|\n|$)", text))
-    scores = dict(re.findall(r"Resulting Score #(\d+): " + _SCORE, text))
-    for key, instruction in instructions.items():
-        pairs.append((instruction.strip(), float(scores[key]) if key in scores else None))
-    # MIPROv2: "<instruction> | Score: <score>"
-    for match in re.finditer(r"(?:^|\n\n)([^\n]+?) \| Score: " + _SCORE, text):
-        pairs.append((match.group(1).strip(), float(match.group(2))))
     return [(instruction, score) for instruction, score in pairs if instruction]
 
 
@@ -122,7 +120,6 @@ _OPRO_MARKERS = (
     "I have some texts along with their corresponding scores",
     "Create a piece of text",
 )
-_GEPA_RAW_MARKERS = ("I provided an assistant with the following instructions", "within ``` blocks")
 _CHATTER = (
     ("Here is a new instruction that should score higher:\n", "\nIt combines the strongest elements above."),
     ("Sure! ", " I expect this one to do better than the previous ones."),
@@ -154,38 +151,3 @@ def opro_reply(prompt: str, *, sample: int, seed: int) -> str:
         before, after = _CHATTER[int(stable_unit("chatter-kind", seed, prompt, sample) * len(_CHATTER))]
         wrapped = f"{before}{wrapped}{after}"
     return wrapped
-
-
-def proposal_reply(prompt: AdapterPrompt, kind: str, *, sample: int, seed: int) -> str:
-    """The answer to a COPRO, MIPROv2 or GEPA proposal signature: an improved instruction in every output."""
-    inputs = prompt.inputs
-    pairs: list[tuple[str, float | None]] = []
-    for value in inputs.values():
-        pairs.extend(scored_pairs(value))
-    for key in ("current_instruction", "basic_instruction", "instruction"):
-        if inputs.get(key):
-            pairs.append((inputs[key], None))
-    salt = json.dumps(inputs, sort_keys=True)
-    instruction = propose_instruction(pairs, seed=seed, salt=salt, sample=sample, improve=True)
-    known: dict[str, Any] = {}
-    for name in ("proposed_instruction", "new_instruction"):
-        known[name] = instruction
-    if "shortened_instruction" in prompt.outputs:
-        known["shortened_instruction"] = inputs.get("instruction", instruction)[:200]
-    known["proposed_prefix_for_output_field"] = "Answer:"
-    if "prior_observations" in inputs:
-        known["observations"] = "COMPLETE"  # MIPROv2's summarizer stops asking after a few of these
-    return fill_outputs(prompt, known, sample)
-
-
-def is_gepa_raw_prompt(text: str) -> bool:
-    """Whether ``text`` is the ``gepa`` package's raw reflective prompt."""
-    return all(marker in text for marker in _GEPA_RAW_MARKERS)
-
-
-def gepa_raw_reply(text: str, *, sample: int, seed: int) -> str:
-    """The new instruction in a fenced block, improving the current one found in ``text``'s first fence."""
-    current = re.search(r"```\n?(.*?)\n?```", text, flags=re.DOTALL)
-    pairs = [(current.group(1).strip(), None)] if current else []
-    instruction = propose_instruction(pairs, seed=seed, salt=text, sample=sample, improve=True)
-    return f"```\n{instruction}\n```"

@@ -1,7 +1,7 @@
-"""The command line of the simulated endpoint: ``python -m dspy_opro.testing.server --port 8765 --latency 0.05``.
+"""The command line of the simulated endpoint: ``python -m dspy_opro.testing --port 8765 --latency 0.05``.
 
-Prints ``listening on http://127.0.0.1:8765/v1`` and serves until Ctrl-C or SIGTERM; every fault of
-:class:`~dspy_opro.testing.faults.FaultConfig` has a flag.
+Prints ``listening on http://127.0.0.1:8765/v1`` and serves until Ctrl-C or SIGTERM, then prints how many requests
+it answered to stderr; every fault of :class:`~dspy_opro.testing.faults.FaultConfig` has a flag.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import argparse
 import signal
 import sys
 import threading
+from types import FrameType
 
 from dspy_opro.testing.faults import FAULT_KINDS, FaultConfig
 from dspy_opro.testing.server import SimulatedEndpoint
@@ -25,8 +26,13 @@ def _latency_arg(text: str) -> float | tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Serve the simulated endpoint as ``argv`` (default: the process's arguments) asks, until SIGTERM or SIGINT.
+
+    Returns:
+        The exit status, 0.
+    """
     parser = argparse.ArgumentParser(
-        prog="python -m dspy_opro.testing.server", description="Serve the simulated OpenAI-compatible model."
+        prog="python -m dspy_opro.testing", description="Serve the simulated OpenAI-compatible model."
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
@@ -62,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     done = threading.Event()
 
-    def _on_signal(signum, frame):
+    def _on_signal(signum: int, frame: FrameType | None) -> None:
         done.set()
 
     signal.signal(signal.SIGTERM, _on_signal)
@@ -77,3 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         endpoint.stop()
     print(f"stopped after {endpoint.count(status=None)} requests", file=sys.stderr, flush=True)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,46 +1,39 @@
-"""Compare OPRO with DSPy's own optimizers on one program, one data split, one pair of
-models and one budget.
+"""Compare OPRO with DSPy's own optimizers on one program, one data split, one pair of models and one budget.
 
-Every contender optimizes the same program (``dspy.ChainOfThought("question ->
-answer")`` by default) on the same training examples, with the same task model running
-the program and the same optimizer model writing instructions, under a comparable budget
-counted in metric calls (one program run plus its metric on one example):
+Every contender optimizes the same program (``dspy.ChainOfThought("question -> answer")`` by default) on the same
+training examples, with the same task model running the program and the same optimizer model writing instructions,
+under a comparable budget counted in metric calls (one program run plus its metric on one example):
 
 * ``baseline``: the program as given, no optimization;
 * ``opro``: :class:`dspy_opro.OPROTeleprompter`, ``max_metric_calls=N``;
 * ``copro``: ``dspy.COPRO`` with ``breadth * depth * len(trainset) ~= N``;
-* ``miprov2``: ``dspy.MIPROv2``, instructions only (no demos),
-``num_trials``/``num_candidates`` (and minibatches
+* ``miprov2``: ``dspy.MIPROv2``, instructions only (no demos), ``num_trials``/``num_candidates`` (and minibatches
   on large training sets) so that its evaluations on the training set come to about N;
 * ``gepa``: ``dspy.GEPA``, ``max_metric_calls=N``;
-* ``opro-racing`` (``--contenders`` only): ``racing=True``, twice the planned steps,
-  the same ``max_metric_calls=N``;
-* with ``--opro-variants``: ``opro-hard-diverse``
-(``exemplar_selection="hard_diverse"``), ``opro-val-gate``
-  (``val_gate=True``: it sees the validation split, so its validation score is not held
-  out) and ``opro-label-free`` (``metric=PairwisePreference(...)``, the task model judging itself);
-* with ``--extra NAME`` (repeatable): any other DSPy teleprompter, by class name
-(``SIMBA``) or dotted path
+* ``opro-racing`` (``--contenders`` only): ``racing=True``, twice the planned steps, the same ``max_metric_calls=N``;
+* with ``--opro-variants``: ``opro-hard-diverse`` (``exemplar_selection="hard_diverse"``), ``opro-val-gate``
+  (``val_gate=True``: it sees the validation split, so its validation score is not held out) and
+  ``opro-label-free`` (``metric=PairwisePreference(...)``, the task model judging itself);
+* with ``--extra NAME`` (repeatable): any other DSPy teleprompter, by class name (``SIMBA``) or dotted path
   (``dspy.teleprompt.SIMBA``), built with ``metric=`` and best-effort budget arguments.
 
-No contender sees the validation split while searching, except ``opro-val-gate`` and
-``opro-label-free`` (whose gates use it by design). After each compile the program is
-evaluated on both splits; those evaluations are not counted in the contender's calls,
-which are taken from the simulated endpoint's request log (offline) or the models'
-history (``--lm``) during the compile only.
+No contender sees the validation split while searching, except ``opro-val-gate`` and ``opro-label-free`` (whose
+gates use it by design). After each compile the program is evaluated on both splits; those evaluations are not
+counted in the contender's calls, which are taken from the simulated endpoint's request log (offline) or the
+models' history (``--lm``) during the compile only.
 
-Offline (the default) everything runs against a simulated OpenAI-compatible model on
-127.0.0.1, with the task and optimizer models under different names so that the request
-log tells them apart. With ``--lm MODEL`` (a LiteLLM model string, its key taken from
+Offline (the default) everything runs against the simulated OpenAI-compatible model on 127.0.0.1
+(:func:`offline_endpoint`: :class:`dspy_opro.testing.SimulatedEndpoint` with the simulated COPRO, MIPROv2 and
+GEPA proposers of :mod:`benchmarks.simulated_peers` plugged in), with the task and optimizer models under different
+names so that the request log tells them apart. With ``--lm MODEL`` (a LiteLLM model string, its key taken from
 the environment) it runs against that model; ``--prompt-lm`` sets the optimizer.
 
-    python examples/compare_optimizers.py python examples/compare_optimizers.py --budget
-    200 --opro-variants --extra SIMBA python examples/compare_optimizers.py --lm
-    openai/gpt-4o-mini --prompt-lm openai/gpt-4o --budget 300
+    python benchmarks/compare_optimizers.py
+    python benchmarks/compare_optimizers.py --budget 200 --opro-variants --extra SIMBA
+    python benchmarks/compare_optimizers.py --lm openai/gpt-4o-mini --prompt-lm openai/gpt-4o --budget 300
 
-Outputs in ``--out-dir`` (default ``compare_results/``): ``comparison.csv``,
-``comparison.md``, one compiled program per contender as ``<name>.json`` and, with
-matplotlib installed, ``comparison.png``.
+Outputs in ``--out-dir`` (default ``compare_results/``): ``comparison.csv``, ``comparison.md``, one compiled
+program per contender as ``<name>.json`` and, with matplotlib installed, ``comparison.png``.
 """
 
 from __future__ import annotations
@@ -54,6 +47,7 @@ import json
 import math
 import os
 import re
+import sys
 import threading
 import time
 import traceback
@@ -63,12 +57,16 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script: the repository root, for benchmarks.simulated_peers
+    sys.path.insert(0, str(ROOT))
 
 import dspy  # noqa: E402
 
 from dspy_opro import OPROTeleprompter, PairwisePreference  # noqa: E402
+from dspy_opro.testing import SimulatedEndpoint  # noqa: E402
 
-DATA = Path(__file__).parent / "data" / "word_problems.jsonl"
+DATA = ROOT / "examples" / "data" / "word_problems.jsonl"
 STANDARD = ["baseline", "opro", "copro", "miprov2", "gepa"]
 OPRO_VARIANTS = ["opro-hard-diverse", "opro-val-gate", "opro-label-free"]
 # Selectable with --contenders only (not added by --opro-variants).
@@ -98,42 +96,29 @@ OFFLINE_OPTIMIZER_MODEL = "openai/sim-optimizer"
 
 def load_problems() -> list[dspy.Example]:
     """The bundled arithmetic word problems (question -> integer answer)."""
-    rows = [
-        json.loads(line)
-        for line in DATA.read_text(encoding="utf-8").splitlines()
-        if line.strip()
-    ]
-    return [
-        dspy.Example(question=row["question"], answer=row["answer"]).with_inputs(
-            "question"
-        )
-        for row in rows
-    ]
+    rows = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [dspy.Example(question=row["question"], answer=row["answer"]).with_inputs("question") for row in rows]
 
 
-def exact_integer(
-    example: dspy.Example, prediction: dspy.Prediction, trace=None
-) -> float:
-    """1.0 when the first integer in the program's answer equals the reference
-    answer."""
+def exact_integer(example: dspy.Example, prediction: dspy.Prediction, trace: Any = None) -> float:
+    """1.0 when the first integer in the program's answer equals the reference answer."""
     match = re.search(r"-?\d+", str(getattr(prediction, "answer", "")).replace(",", ""))
     return float(match is not None and match.group(0) == str(example.answer))
 
 
 def with_feedback(metric: Callable[..., Any]) -> Callable[..., dspy.Prediction]:
-    """``metric`` in the five-argument shape GEPA takes, returning
-    ``dspy.Prediction(score=..., feedback=...)``."""
+    """``metric`` in the five-argument shape GEPA takes, returning ``dspy.Prediction(score=..., feedback=...)``."""
 
-    def feedback_metric(gold, pred, trace=None, pred_name=None, pred_trace=None):
+    def feedback_metric(
+        gold: dspy.Example, pred: Any, trace: Any = None, pred_name: str | None = None, pred_trace: Any = None
+    ) -> dspy.Prediction:
         value = metric(gold, pred, trace)
         score = float(getattr(value, "score", value))
         labels = {key: gold[key] for key in gold.labels().keys()}
         if score >= 1.0:
             feedback = f"Correct: {labels}."
         else:
-            got = (
-                {key: pred.get(key) for key in labels} if hasattr(pred, "get") else pred
-            )
+            got = {key: pred.get(key) for key in labels} if hasattr(pred, "get") else pred
             feedback = f"Wrong: expected {labels}, got {got}."
         return dspy.Prediction(score=score, feedback=feedback)
 
@@ -144,11 +129,10 @@ def with_feedback(metric: Callable[..., Any]) -> Callable[..., dspy.Prediction]:
 
 
 class MeteredLM(dspy.LM):
-    """A ``dspy.LM`` that reports every history entry (one per completed request) to a
-    shared meter.
+    """A ``dspy.LM`` that reports every history entry (one per completed request) to a shared meter.
 
-    Optimizers copy LMs (``lm.copy(rollout_id=...)``); a copy shares the ``meter``
-    attribute, so its calls are counted too, under the same role.
+    Optimizers copy LMs (``lm.copy(rollout_id=...)``); a copy shares the ``meter`` attribute, so its calls are
+    counted too, under the same role.
     """
 
     def __init__(self, *args: Any, role: str, meter: HistoryMeter, **kwargs: Any):
@@ -163,6 +147,8 @@ class MeteredLM(dspy.LM):
 
 @dataclass
 class Usage:
+    """What one contender's compile sent: calls and tokens per role, and requests that failed."""
+
     optimizer_calls: int = 0
     task_calls: int = 0
     optimizer_tokens: int = 0
@@ -231,6 +217,17 @@ class EndpointMeter:
         return usage
 
 
+def offline_endpoint(seed: int = 0, **options: Any) -> SimulatedEndpoint:
+    """The simulated endpoint of offline runs, answering every contender's proposals (not yet started).
+
+    OPRO's meta-prompts are answered by the endpoint itself; COPRO's, MIPROv2's and GEPA's by the simulated peers
+    of :mod:`benchmarks.simulated_peers`, plugged in as its responders. ``options`` go to the endpoint.
+    """
+    from benchmarks.simulated_peers import PEERS
+
+    return SimulatedEndpoint(seed=seed, responders=PEERS, **options)
+
+
 # -------------------------------------------------------------------------- contenders
 
 
@@ -250,11 +247,10 @@ class Setup:
 
 
 def opro_plan(budget: int, n_train: int, reserve: int = 0) -> tuple[int, int]:
-    """(num_steps, num_candidates) that fill ``budget - reserve`` evaluations with whole
-    steps.
+    """(num_steps, num_candidates) that fill ``budget - reserve`` evaluations with whole steps.
 
-    The starting program costs one pass over the training set; each candidate another.
-    About as many steps as candidates per step (at most the authors' 8 candidates).
+    The starting program costs one pass over the training set; each candidate another. About as many steps as
+    candidates per step (at most the authors' 8 candidates).
     """
     passes = max(1, (budget - reserve) // n_train - 1)
     candidates = min(8, max(1, round(math.sqrt(passes))))
@@ -262,20 +258,18 @@ def opro_plan(budget: int, n_train: int, reserve: int = 0) -> tuple[int, int]:
 
 
 def copro_plan(budget: int, n_train: int) -> tuple[int, int]:
-    """(breadth, depth) with breadth * depth * n_train ~= budget (COPRO needs breadth >=
-    2)."""
+    """(breadth, depth) with breadth * depth * n_train ~= budget (COPRO needs breadth >= 2)."""
     passes = budget / n_train
     depth = 1 if passes < 4 else 2 if passes < 9 else 3
     return max(2, int(passes // depth)), depth
 
 
 def mipro_plan(budget: int, n_eval: int) -> dict[str, Any]:
-    """MIPROv2 settings whose evaluations on the ``n_eval`` search examples come to
-    about ``budget``.
+    """MIPROv2 settings whose evaluations on the ``n_eval`` search examples come to about ``budget``.
 
-    Small sets: every trial is a full evaluation, plus the starting program's (``(1 +
-    trials) * n_eval``). Sets of 40 or more: minibatches of ``min(35, n_eval // 2)``, a
-    full evaluation every 5 trials and at the end, plus the starting program's.
+    Small sets: every trial is a full evaluation, plus the starting program's (``(1 + trials) * n_eval``). Sets of
+    40 or more: minibatches of ``min(35, n_eval // 2)``, a full evaluation every 5 trials and at the end, plus the
+    starting program's.
     """
     if n_eval < 40:
         trials = max(1, budget // n_eval - 1)
@@ -305,9 +299,7 @@ def mipro_plan(budget: int, n_eval: int) -> dict[str, Any]:
     return plan
 
 
-def _run_opro(
-    setup: Setup, student: dspy.Module, variant: str
-) -> tuple[dspy.Module, str]:
+def _run_opro(setup: Setup, student: dspy.Module, variant: str) -> tuple[dspy.Module, str]:
     n_train, n_val = len(setup.trainset), len(setup.valset)
     options: dict[str, Any] = {"metric": setup.metric}
     reserve, valset, note = 0, None, ""
@@ -343,17 +335,14 @@ def _run_opro(
     spent = compiled.opro_run.metric_calls
     return (
         compiled,
-        f"max_metric_calls={setup.budget}: {steps} steps x {candidates} candidates, "
-        f"{spent} used{note}",
+        f"max_metric_calls={setup.budget}: {steps} steps x {candidates} candidates, {spent} used{note}",
     )
 
 
 def _run_copro(setup: Setup, student: dspy.Module) -> tuple[dspy.Module, str]:
     n_train = len(setup.trainset)
     breadth, depth = copro_plan(setup.budget, n_train)
-    optimizer = dspy.COPRO(
-        metric=setup.metric, prompt_model=setup.prompt_lm, breadth=breadth, depth=depth
-    )
+    optimizer = dspy.COPRO(metric=setup.metric, prompt_model=setup.prompt_lm, breadth=breadth, depth=depth)
     compiled = optimizer.compile(
         student,
         trainset=setup.trainset,
@@ -361,8 +350,7 @@ def _run_copro(setup: Setup, student: dspy.Module) -> tuple[dspy.Module, str]:
     )
     return (
         compiled,
-        f"breadth={breadth}, depth={depth}: "
-        f"{breadth}*{depth}*{n_train}={breadth * depth * n_train}",
+        f"breadth={breadth}, depth={depth}: {breadth}*{depth}*{n_train}={breadth * depth * n_train}",
     )
 
 
@@ -381,9 +369,7 @@ def _run_mipro(setup: Setup, student: dspy.Module) -> tuple[dspy.Module, str]:
         verbose=False,
     )
     compile_args = {
-        key: plan[key]
-        for key in ("minibatch", "minibatch_size", "minibatch_full_eval_steps")
-        if key in plan
+        key: plan[key] for key in ("minibatch", "minibatch_size", "minibatch_full_eval_steps") if key in plan
     }
     # The training set is also its search set: the validation split stays held out.
     compiled = optimizer.compile(
@@ -393,11 +379,7 @@ def _run_mipro(setup: Setup, student: dspy.Module) -> tuple[dspy.Module, str]:
         num_trials=plan["num_trials"],
         **compile_args,
     )
-    batches = (
-        f", minibatch {plan['minibatch_size']}"
-        if plan["minibatch"]
-        else ", full evaluations"
-    )
+    batches = f", minibatch {plan['minibatch_size']}" if plan["minibatch"] else ", full evaluations"
     return compiled, (
         f"num_trials={plan['num_trials']}, "
         f"num_candidates={plan['num_candidates']}{batches}: "
@@ -419,29 +401,24 @@ def _run_gepa(setup: Setup, student: dspy.Module) -> tuple[dspy.Module, str]:
 
 
 def resolve_teleprompter(name: str) -> type:
-    """A DSPy teleprompter class from a class name (``SIMBA``) or a dotted path
-    (``dspy.teleprompt.SIMBA``)."""
+    """A DSPy teleprompter class from a class name (``SIMBA``) or a dotted path (``dspy.teleprompt.SIMBA``)."""
     if "." in name:
         module_name, _, attr = name.rpartition(".")
         return getattr(importlib.import_module(module_name), attr)
     for namespace in (dspy, dspy.teleprompt):
         if hasattr(namespace, name):
             return getattr(namespace, name)
-    raise ValueError(
-        f"unknown teleprompter {name!r}; give a DSPy class name or a dotted path"
-    )
+    raise ValueError(f"unknown teleprompter {name!r}; give a DSPy class name or a dotted path")
 
 
 def _budget_kwargs(cls: type, setup: Setup) -> tuple[dict[str, Any], str]:
-    """Best-effort budget arguments for a teleprompter class, from the names its
-    constructor accepts."""
+    """Best-effort budget arguments for a teleprompter class, from the names its constructor accepts."""
     n_train, budget = len(setup.trainset), setup.budget
     params = inspect.signature(cls.__init__).parameters
     kwargs: dict[str, Any] = {}
     if "max_metric_calls" in params:
         kwargs["max_metric_calls"] = budget
-    # SIMBA: per step, bsize x num_candidates trajectories, then the candidates on the
-    # batch
+    # SIMBA: per step, bsize x num_candidates trajectories, then the candidates on the batch
     if "bsize" in params:
         kwargs["bsize"] = min(32, n_train)
         candidates = 4 if "num_candidates" in params else 1
@@ -454,9 +431,7 @@ def _budget_kwargs(cls: type, setup: Setup) -> tuple[dict[str, Any], str]:
         # random search: 3 seeded programs plus the candidates, each scored
         kwargs["num_candidate_programs"] = max(1, budget // n_train - 3)
     elif "num_candidates" in params and "auto" in params:
-        kwargs.update(
-            auto=None, num_candidates=mipro_plan(budget, n_train)["num_candidates"]
-        )
+        kwargs.update(auto=None, num_candidates=mipro_plan(budget, n_train)["num_candidates"])
     if "num_threads" in params:
         kwargs["num_threads"] = setup.num_threads
     for name, lm in (
@@ -467,14 +442,10 @@ def _budget_kwargs(cls: type, setup: Setup) -> tuple[dict[str, Any], str]:
         if name in params:
             kwargs[name] = lm
     shown = {k: v for k, v in kwargs.items() if not isinstance(v, dspy.BaseLM)}
-    return kwargs, ", ".join(
-        f"{k}={v}" for k, v in shown.items()
-    ) or "no budget argument known"
+    return kwargs, ", ".join(f"{k}={v}" for k, v in shown.items()) or "no budget argument known"
 
 
-def _run_extra(
-    setup: Setup, student: dspy.Module, name: str
-) -> tuple[dspy.Module, str]:
+def _run_extra(setup: Setup, student: dspy.Module, name: str) -> tuple[dspy.Module, str]:
     cls = resolve_teleprompter(name)
     kwargs, note = _budget_kwargs(cls, setup)
     metric = setup.metric
@@ -484,16 +455,13 @@ def _run_extra(
     compile_params = inspect.signature(optimizer.compile).parameters
     compile_args: dict[str, Any] = {"trainset": setup.trainset}
     if "num_trials" in compile_params and kwargs.get("auto", "x") is None:
-        compile_args["num_trials"] = mipro_plan(setup.budget, len(setup.trainset))[
-            "num_trials"
-        ]
+        compile_args["num_trials"] = mipro_plan(setup.budget, len(setup.trainset))["num_trials"]
     compiled = optimizer.compile(student, **compile_args)
     return compiled, note
 
 
 def contender_name(spec: str) -> str:
-    """The row name of a contender: standard names as given, extras by lower-case class
-    name."""
+    """The row name of a contender: standard names as given, extras by lower-case class name."""
     if spec in STANDARD or spec in OPRO_VARIANTS or spec in OPRO_EXTRA:
         return spec
     return spec.rpartition(".")[2].lower()
@@ -516,9 +484,7 @@ def _compile(setup: Setup, spec: str, student: dspy.Module) -> tuple[dspy.Module
 # ---------------------------------------------------------------------- the comparison
 
 
-def evaluate(
-    program: dspy.Module, examples: Sequence[dspy.Example], setup: Setup
-) -> float:
+def evaluate(program: dspy.Module, examples: Sequence[dspy.Example], setup: Setup) -> float:
     """The program's mean metric on ``examples``, 0-100."""
     if not examples:
         return float("nan")
@@ -534,18 +500,19 @@ def evaluate(
 
 
 def first_instruction(program: dspy.Module) -> str:
+    """The first predictor's instruction on one line, cut to ``INSTRUCTION_CHARS``."""
     predictors = program.named_predictors()
     if not predictors:
         return ""
     text = " ".join(str(predictors[0][1].signature.instructions).split())
-    return (
-        text
-        if len(text) <= INSTRUCTION_CHARS
-        else text[: INSTRUCTION_CHARS - 3] + "..."
-    )
+    return text if len(text) <= INSTRUCTION_CHARS else text[: INSTRUCTION_CHARS - 3] + "..."
 
 
 def run_contender(setup: Setup, spec: str, meter: Any, out_dir: Path) -> dict[str, Any]:
+    """Compile one contender, score it on both splits and save it to ``out_dir``: its row (``FIELDS``).
+
+    A failing compile or evaluation is reported in the row's ``error``, not raised.
+    """
     name = contender_name(spec)
     row: dict[str, Any] = {key: None for key in FIELDS}
     row["name"] = name
@@ -596,6 +563,7 @@ def run_contender(setup: Setup, spec: str, meter: Any, out_dir: Path) -> dict[st
 
 
 def _fmt(value: Any) -> str:
+    """A table cell: one decimal for floats, a dash for missing values, pipes escaped."""
     if value is None:
         return "—"
     if isinstance(value, float):
@@ -604,6 +572,7 @@ def _fmt(value: Any) -> str:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The rows as a Markdown table, one line per contender (``ERROR: ...`` where it failed)."""
     header = [
         "contender",
         "train",
@@ -646,13 +615,12 @@ NOTE = (
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    """The rows as CSV with the ``FIELDS`` header (None written as an empty cell)."""
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=FIELDS)
         writer.writeheader()
         for row in rows:
-            writer.writerow(
-                {key: "" if row.get(key) is None else row[key] for key in FIELDS}
-            )
+            writer.writerow({key: "" if row.get(key) is None else row[key] for key in FIELDS})
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> Path | None:
@@ -700,15 +668,26 @@ def run_comparison(
     out_dir: str | os.PathLike[str] = "compare_results",
     seed: int = 0,
 ) -> list[dict[str, Any]]:
-    """Run every contender and write the table, the CSV, the compiled programs and the
-    chart to ``out_dir``.
+    """Run every contender and write the table, the CSV, the compiled programs and the chart to ``out_dir``.
 
     Args:
-        meter: Counts calls per role between ``mark()`` and ``since(mark)``: an
-        :class:`EndpointMeter` offline or
+        trainset: The examples every contender optimizes on.
+        valset: Held-out examples each compiled program is scored on (seen while searching only by
+            ``opro-val-gate`` and ``opro-label-free``).
+        task_lm: The model that runs the program.
+        prompt_lm: The optimizer model that writes instructions.
+        meter: Counts calls per role between ``mark()`` and ``since(mark)``: an :class:`EndpointMeter` offline or
             the :class:`HistoryMeter` shared by two :class:`MeteredLM` models.
-        contenders: Names from ``baseline, opro, copro, miprov2, gepa`` and the OPRO
-        variants; None: the standard five.
+        budget: Metric calls per contender (N).
+        contenders: Names from ``baseline, opro, copro, miprov2, gepa`` and the OPRO variants; None: the standard
+            five.
+        opro_variants: Add ``opro-hard-diverse``, ``opro-val-gate`` and ``opro-label-free``.
+        extras: Other DSPy teleprompters, by class name or dotted path.
+        metric: The metric every contender optimizes and is scored with.
+        program: Builds a fresh copy of the program; None: ``dspy.ChainOfThought("question -> answer")``.
+        num_threads: Threads for every optimizer and evaluation.
+        out_dir: Where the table, the CSV, the compiled programs and the chart go.
+        seed: The optimizers' seed.
 
     Returns:
         One dict per contender (keys as in ``FIELDS``), in the order run.
@@ -745,25 +724,24 @@ def run_comparison(
 
 
 def read_csv(path: str | os.PathLike[str]) -> list[dict[str, str]]:
+    """The rows :func:`write_csv` wrote, as strings."""
     with open(path, newline="", encoding="utf-8") as handle:
         return list(csv.DictReader(handle))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    """The command line (see the module's docstring); returns the exit status."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "--lm",
         help="LiteLLM model string of the task model; default: a simulated model",
     )
-    parser.add_argument(
-        "--prompt-lm", help="optimizer model (default: the same as --lm)"
-    )
+    parser.add_argument("--prompt-lm", help="optimizer model (default: the same as --lm)")
     parser.add_argument(
         "--dataset",
         choices=["word_problems", "simulated"],
         default="word_problems",
-        help="the bundled examples/data/word_problems.jsonl, "
-        "or dspy_opro.testing.simulated_dataset",
+        help="the bundled examples/data/word_problems.jsonl, or dspy_opro.testing.simulated_dataset",
     )
     parser.add_argument("--train", type=int, default=20, help="training examples")
     parser.add_argument(
@@ -772,18 +750,13 @@ def main(argv: list[str] | None = None) -> int:
         default=20,
         help="validation examples (after the training ones)",
     )
-    parser.add_argument(
-        "--budget", type=int, default=200, help="metric calls per contender (N)"
-    )
+    parser.add_argument("--budget", type=int, default=200, help="metric calls per contender (N)")
     parser.add_argument(
         "--contenders",
         default=",".join(STANDARD),
-        help="comma-separated, from "
-        + ", ".join(STANDARD + OPRO_VARIANTS + OPRO_EXTRA),
+        help="comma-separated, from " + ", ".join(STANDARD + OPRO_VARIANTS + OPRO_EXTRA),
     )
-    parser.add_argument(
-        "--opro-variants", action="store_true", help="add " + ", ".join(OPRO_VARIANTS)
-    )
+    parser.add_argument("--opro-variants", action="store_true", help="add " + ", ".join(OPRO_VARIANTS))
     parser.add_argument(
         "--extra",
         action="append",
@@ -819,17 +792,13 @@ def main(argv: list[str] | None = None) -> int:
     known = STANDARD + OPRO_VARIANTS + OPRO_EXTRA
     unknown = [name for name in contenders if name not in known]
     if unknown:
-        parser.error(
-            f"unknown contenders {unknown}; use --extra for other teleprompters"
-        )
+        parser.error(f"unknown contenders {unknown}; use --extra for other teleprompters")
     module = dspy.ChainOfThought if args.program == "cot" else dspy.Predict
 
     with contextlib.ExitStack() as stack:
         if args.lm:
             history = HistoryMeter()
-            task_lm = MeteredLM(
-                args.lm, temperature=0.0, cache=args.cache, role="task", meter=history
-            )
+            task_lm = MeteredLM(args.lm, temperature=0.0, cache=args.cache, role="task", meter=history)
             prompt_lm = MeteredLM(
                 args.prompt_lm or args.lm,
                 engine="litellm",
@@ -840,20 +809,12 @@ def main(argv: list[str] | None = None) -> int:
             meter: Any = history
             print(f"Running against {args.lm} (optimizer: {prompt_lm.model}).")
         else:
-            from dspy_opro.testing import SimulatedEndpoint
-
-            endpoint = stack.enter_context(SimulatedEndpoint(seed=args.seed))
+            endpoint = stack.enter_context(offline_endpoint(seed=args.seed))
             task_lm = endpoint.lm(OFFLINE_TASK_MODEL)
             prompt_lm = endpoint.lm(OFFLINE_OPTIMIZER_MODEL)
             meter = EndpointMeter(endpoint, OFFLINE_TASK_MODEL, OFFLINE_OPTIMIZER_MODEL)
-            print(
-                f"Running offline against a simulated model at {endpoint.base_url} "
-                "(pass --lm MODEL for a real one)."
-            )
-        print(
-            f"{len(trainset)} training, {len(valset)} validation examples; "
-            f"budget {args.budget} metric calls."
-        )
+            print(f"Running offline against a simulated model at {endpoint.base_url} (pass --lm MODEL for a real one).")
+        print(f"{len(trainset)} training, {len(valset)} validation examples; budget {args.budget} metric calls.")
         rows = run_comparison(
             trainset=trainset,
             valset=valset,
