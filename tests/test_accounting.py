@@ -1,6 +1,7 @@
 """Exact accounting against the simulated endpoint's request log: tokens and cost per model under any threading,
 LiteLLM's per-response cost with cached-token discounts, roll-up into ``dspy.track_usage()``, ``max_cost`` as a hard
-budget, and tracing that nests every program run under compile."""
+budget, and tracing that nests every program run under compile. (Usage through a Dask executor:
+``tests/test_dask.py``.)"""
 
 from __future__ import annotations
 
@@ -148,20 +149,6 @@ def test_the_unknown_price_warning_points_at_the_callers_line():
     warning = next(w for w in caught if "no known price" in str(w.message))
     assert (warning.filename, warning.lineno) == (__file__, test_the_unknown_price_warning_points_at_the_callers_line
                                                   .__code__.co_firstlineno + 5)
-
-
-def test_usage_through_the_dask_executor_equals_what_the_endpoint_served():
-    distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=1, processes=True, threads_per_worker=2, host="127.0.0.1",
-                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client, \
-            SimulatedEndpoint(cached_tokens=20) as endpoint:
-        run = compile_fan_out(endpoint, num_threads=2, executor=client.get_executor()).opro_run
-        task = served(endpoint, TASK)
-        records = [r for r in endpoint.requests if r.model == "gpt-4o-mini"]
-    got = run.usage.by_model[TASK]
-    assert task[0] == 2 * run.metric_calls
-    assert (got.calls, got.prompt_tokens, got.completion_tokens, got.cached_tokens) == task
-    assert got.cost == pytest.approx(served_cost(records, TASK), rel=1e-9)
 
 
 def test_a_program_that_tracks_its_own_usage_still_counts():

@@ -76,7 +76,8 @@ def test_val_gate_tie_returns_the_start_unchanged():
 
 
 def test_val_gate_min_delta():
-    compiled, _ = gated(["<INS>Better better.</INS>"], toy_dataset(4, prefix="val"), top_k=1, val_gate=ValGate(min_delta=0.25))
+    compiled, _ = gated(["<INS>Better better.</INS>"], toy_dataset(4, prefix="val"), top_k=1,
+                        val_gate=ValGate(min_delta=0.25))
     assert compiled.signature.instructions == "Better."  # 0.5 does not beat 0.25 by more than 0.25
 
 
@@ -130,11 +131,11 @@ def test_label_free_accepts_a_good_candidate_with_the_documented_call_counts():
 
 
 def test_label_free_never_shows_a_label_to_the_judge_and_needs_no_metric():
-    compiled, _, judge, opt = label_free(["<INS>Better better better better better better.</INS>"],
-                                         valset=labelled(2, prefix="val"))
-    for request in judge.requests:
-        assert "LABEL-SECRET" not in user_text(request)
-    assert all("LABEL-SECRET" not in user_text(r) for r in opt.requests)
+    compiled, task, judge, opt = label_free(["<INS>Better better better better better better.</INS>"],
+                                            valset=labelled(2, prefix="val"))
+    assert (len(task.requests), len(judge.requests), len(opt.requests)) == (6 + 6 + 2 + 2, 6 + 2, 1)
+    assert not any("LABEL-SECRET" in user_text(r) for r in judge.requests + opt.requests)
+    assert compiled.opro_run.candidates[1].score == pytest.approx((3 * 16 + 3 * 10) / 6 / 20)  # judged, not labelled
 
 
 def test_label_free_rejects_a_harmful_candidate_on_the_gate():
@@ -196,6 +197,7 @@ def test_label_free_refuses_select_and_val_gate():
 def test_label_free_judge_sees_both_trajectories_step_by_step():
     _, _, judge, _ = label_free(["<INS>Better better better better better better.</INS>"],
                                 valset=labelled(2, prefix="val"))
+    assert len(judge.requests) == 6 + 2
     for request in judge.requests:
         anchor, candidate = trajectories(request)
         assert anchor.startswith("Step 1") and candidate.startswith("Step 1")

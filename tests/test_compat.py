@@ -111,6 +111,7 @@ def test_user_stacklevel_points_at_the_callers_line():
     assert caught[0].filename == __file__
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_price_map_entry_reads_dspys_copy_of_litellms_prices_without_importing_litellm():
     import subprocess
     import sys

@@ -7,6 +7,8 @@ import pytest
 
 from dspy_opro import OPROTeleprompter
 from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
+from tests.fakes import make_lm, scripted_optimizer
+from tests.test_accounting import TASK, compile_fan_out, served, served_cost
 
 distributed = pytest.importorskip("distributed")
 
@@ -48,8 +50,19 @@ def test_dask_executor_equals_a_threaded_run(cluster):
         on_dask = compile_once(endpoint, executor=cluster.get_executor())
         assert endpoint.count(kind="task") == task_requests
     assert summary(on_dask) == summary(threaded)
-    assert on_dask.opro_run.usage.task.calls == task_requests  # usage came back from the workers
-    assert on_dask.opro_run.usage.task.prompt_tokens == threaded.opro_run.usage.task.prompt_tokens
+
+
+def test_usage_through_the_dask_executor_equals_what_the_endpoint_served(cluster):
+    """The usage of every evaluation comes back from the worker processes, exact, for a program on threads of its
+    own (as ``tests/test_accounting.py`` checks it on this process's threads)."""
+    with SimulatedEndpoint(cached_tokens=20) as endpoint:
+        run = compile_fan_out(endpoint, num_threads=2, executor=cluster.get_executor()).opro_run
+        task = served(endpoint, TASK)
+        records = [r for r in endpoint.requests if r.model == "gpt-4o-mini"]
+    got = run.usage.by_model[TASK]
+    assert task[0] == 2 * run.metric_calls
+    assert (got.calls, got.prompt_tokens, got.completion_tokens, got.cached_tokens) == task
+    assert got.cost == pytest.approx(served_cost(records, TASK), rel=1e-9)
 
 
 def _on_a_dask_worker() -> bool:
@@ -79,7 +92,7 @@ def test_a_worker_that_dies_is_an_infrastructure_failure(cluster):
     try:
         with SimulatedEndpoint() as endpoint:
             task_lm, _ = lms(endpoint)
-            opt_lm = dspy.LM("openai/script", engine=_Scripted(["<INS>Please crash.</INS>"]), cache=False)
+            opt_lm, _ = make_lm(scripted_optimizer(["<INS>Please crash.</INS>"]), model="openai/script")
             optimizer = OPROTeleprompter(simulated_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=1,
                                          num_candidates=1, num_exemplars=1, num_threads=1,
                                          executor=cluster.get_executor())
@@ -90,19 +103,3 @@ def test_a_worker_that_dies_is_an_infrastructure_failure(cluster):
     assert crashed.status == "unscored" and "KilledWorker" in crashed.reason
     assert compiled.opro_run.candidates[0].status == "scored"
 
-
-class _Scripted:
-    def __init__(self, replies):
-        self.replies = replies
-
-    def complete(self, request):
-        from dspy.lm15 import Message, Response, TextPart, Usage
-
-        return Response(id=None, model="script", message=Message.assistant([TextPart(self.replies[0])]),
-                        finish_reason="stop", usage=Usage(input_tokens=1, output_tokens=1, total_tokens=2))
-
-    def stream(self, request):
-        raise NotImplementedError
-
-    def close(self):
-        pass

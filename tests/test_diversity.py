@@ -104,7 +104,8 @@ def test_rank_collapse_stops_early_and_logs(caplog):
     assert sorted(i % 3 for i in sel.indices) == [0, 1, 2]
     assert sel.indices == [0, 1, 2]  # the harder copy of each text wins
     assert any(
-        rec.levelno == logging.INFO and rec.name == "dspy_opro.extensions.hard_diverse" and "rank collapse" in rec.getMessage()
+        rec.levelno == logging.INFO and rec.name == "dspy_opro.extensions.hard_diverse"
+        and "rank collapse" in rec.getMessage()
         for rec in caplog.records
     )
 

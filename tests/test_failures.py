@@ -1,7 +1,8 @@
 """No silent failure (issue 11): every error is loud, named and recorded, and a run stops where nothing can be learned.
 
-Each test drives OPRO through the real DSPy/LiteLLM client stack against :class:`SimulatedEndpoint` (one endpoint per
-model where a test needs to tell them apart) and takes its counts from the endpoints' request logs. The numbered
+Each compile drives OPRO through the real DSPy/LiteLLM client stack against :class:`SimulatedEndpoint` (one endpoint
+per model where a test needs to tell them apart) and takes its counts from the endpoints' request logs; those
+end-to-end runs are marked ``slow``. The numbered
 sections follow the issue's requirements; ``docs/failures.md`` names these tests in its table.
 """
 
@@ -37,8 +38,6 @@ from dspy_opro.record.files import STATE_FILE, load_state
 from dspy_opro.record.report import REPORT_FILE
 from dspy_opro.record.state import ErrorRecord
 from dspy_opro.testing import FaultConfig, SimulatedEndpoint, simulated_dataset, simulated_metric
-
-pytestmark = pytest.mark.slow
 
 TASK, OPT, JUDGE = "openai/sim-task", "openai/sim-opt", "openai/sim-judge"
 START = "Given the fields `question`, produce the fields `answer`."
@@ -86,6 +85,7 @@ def endpoint():
 # ------------------------------------------------------------------------------------- 1. program errors are named
 
 
+@pytest.mark.slow
 def test_program_errors_are_recorded_per_candidate_reported_and_warned_once(endpoint, tmp_path, caplog):
     train = simulated_dataset(4)
     program = RaisesOn({train[1].question, train[3].question}, KeyError("total"))
@@ -115,6 +115,7 @@ def test_program_errors_are_recorded_per_candidate_reported_and_warned_once(endp
 # ---------------------------------------------------------------------------- 2. a program that cannot run stops
 
 
+@pytest.mark.slow
 def test_a_program_that_raises_on_every_example_stops_before_any_optimizer_call(endpoint, tmp_path):
     train = simulated_dataset(4)
     program = RaisesOn({ex.question for ex in train}, NameError("name 'anwser' is not defined"), before_lm=True)
@@ -132,6 +133,8 @@ def test_a_program_that_raises_on_every_example_stops_before_any_optimizer_call(
 # --------------------------------------------------------------------------- 3. fatal LM errors stop at once
 
 
+@pytest.mark.slow
+@pytest.mark.slow
 @pytest.mark.parametrize(("fault", "error_type"), [("auth_error", "LMAuthError"),
                                                     ("permission_denied", "LMAuthError"),
                                                     ("model_not_found", "LMUnsupportedModelError")])
@@ -157,8 +160,12 @@ def test_a_fatal_answer_stops_the_run_at_once_naming_the_model(endpoint, tmp_pat
     saved = load_state(tmp_path)
     assert saved.status == "failed" and "FatalLMError" in saved.stop_reason
     assert (tmp_path / REPORT_FILE).is_file()
+    if role == "optimizer":  # refused at step 0's call: the start was scored first, and saved
+        assert (saved.steps, saved.selection, [c.status for c in saved.candidates]) == ([], None, ["scored"])
+        assert [r.status for r in kinds(endpoint, "task")] == [200] * len(train)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("role", ["prompt_model", "task_model", "judge_model"])
 @pytest.mark.parametrize(("model", "message"), [("openai/gpt-4o", "has no API key: set OPENAI_API_KEY"),
                                                 ("not-a-real-model", "names no provider LiteLLM knows")])
@@ -174,6 +181,7 @@ def test_a_missing_key_or_unknown_provider_stops_before_any_call(endpoint, monke
     assert endpoint.requests == []
 
 
+@pytest.mark.slow
 def test_the_real_missing_key_and_unknown_provider_exceptions_are_classified_fatal(monkeypatch):
     # What LiteLLM and DSPy 3.4.1 really raise (probed): a missing OpenAI key arrives as the retryable
     # LMServerError around openai.OpenAIError, an unknown provider as LMInvalidRequestError.
@@ -209,6 +217,7 @@ def test_the_up_front_key_check_accepts_every_way_of_passing_credentials(monkeyp
 # ---------------------------------------------------------------------------- 4. optimizer failures are visible
 
 
+@pytest.mark.slow
 def test_empty_choices_from_the_optimizer_are_a_failed_call_retried_and_logged(endpoint, caplog):
     # Requests 0-3 score the start; step 0's n=3 request answers no choices twice (4, 5); step 1's once (6), then
     # its retry (7) brings 3 replies.
@@ -227,6 +236,7 @@ def test_empty_choices_from_the_optimizer_are_a_failed_call_retried_and_logged(e
 # --------------------------------------------------------------------------------------- 5. providers without n
 
 
+@pytest.mark.slow
 def test_a_provider_ignoring_n_gets_the_missing_choices_as_single_requests(endpoint, caplog):
     # Request 4 (step 0's n=3 request) is answered with one choice: the other two are asked one by one, and
     # step 1 asks three single-choice requests from the start.
@@ -247,6 +257,7 @@ def test_a_provider_ignoring_n_gets_the_missing_choices_as_single_requests(endpo
 # ------------------------------------------------------------------------------------------ 6. baseline is scored
 
 
+@pytest.mark.slow
 def test_start_examples_an_outage_left_unscored_are_retried_before_step_0(endpoint):
     # Example 0 of the start fails twice (request 0 and its retry 1): the start is scored again on example 0 only.
     endpoint.faults = FaultConfig(fail_requests={0, 1}, fail_kind="server_error", only_kinds={"task"})
@@ -259,6 +270,7 @@ def test_start_examples_an_outage_left_unscored_are_retried_before_step_0(endpoi
     assert f"text:\n{START}\nscore:" in run.steps[0].meta_prompt
 
 
+@pytest.mark.slow
 def test_a_start_that_cannot_be_scored_stops_before_any_optimizer_call(endpoint, tmp_path):
     endpoint.faults = FaultConfig(server_error=1.0, only_kinds={"task"})
     with pytest.raises(OPRORunError, match="the program as given could not be scored") as excinfo:
@@ -280,6 +292,7 @@ def judged_metric(judge: dspy.LM):
     return metric
 
 
+@pytest.mark.slow
 def test_a_fatal_error_of_an_lm_inside_the_metric_stops_the_run():
     with SimulatedEndpoint() as endpoint, SimulatedEndpoint(faults=FaultConfig(auth_error=True)) as judge:
         with pytest.raises(FatalLMError, match="model inside the metric") as excinfo:
@@ -289,6 +302,7 @@ def test_a_fatal_error_of_an_lm_inside_the_metric_stops_the_run():
         assert len(judge.requests) == 1 and len(kinds(endpoint, "opro")) == 0
 
 
+@pytest.mark.slow
 def test_a_transport_error_inside_the_metric_is_retried_once():
     # The judge's first answer (request 0) is a 500: the metric runs again and the example is scored.
     faults = FaultConfig(fail_requests={0}, fail_kind="server_error")
@@ -301,6 +315,7 @@ def test_a_transport_error_inside_the_metric_is_retried_once():
     assert statuses[:4] == [500, 200, 200, 200]
 
 
+@pytest.mark.slow
 def test_label_free_anchor_broken_by_an_outage_is_retried_and_failing_candidates_are_judged(tmp_path):
     # The start's first example fails twice (task requests 0, 1): no anchor is stored from the outage; the start is
     # run again on it. Candidates raise on every example (their instruction differs from the start's) and are still
@@ -340,6 +355,7 @@ def test_label_free_anchor_broken_by_an_outage_is_retried_and_failing_candidates
 # ------------------------------------------------------------------------------ 8. interrupted and failed runs
 
 
+@pytest.mark.slow
 def test_ctrl_c_marks_the_run_interrupted_writes_the_report_and_says_how_to_resume(endpoint, tmp_path, caplog):
     calls = [0]
 
@@ -364,6 +380,7 @@ def test_ctrl_c_marks_the_run_interrupted_writes_the_report_and_says_how_to_resu
     assert resumed.opro_run.status == "finished" and resumed.opro_run.stop_reason is None
 
 
+@pytest.mark.slow
 def test_a_broken_metric_marks_the_run_failed_with_the_reason(endpoint, tmp_path, caplog):
     def broken_metric(example, prediction, trace=None):
         return None
@@ -399,6 +416,7 @@ def test_an_unwritable_log_dir_is_refused_before_any_call(endpoint, tmp_path, mo
     assert str(tmp_path / "run") in str(excinfo.value) and endpoint.requests == []
 
 
+@pytest.mark.slow
 def test_a_full_disk_mid_run_keeps_what_was_saved(endpoint, tmp_path, monkeypatch):
     import dspy_opro.record.recorder as run_module  # the module that writes state.json
 
@@ -435,6 +453,7 @@ def test_a_full_disk_mid_run_keeps_what_was_saved(endpoint, tmp_path, monkeypatc
 # ------------------------------------------------------------------------------ 10. metrics and models as users
 
 
+@pytest.mark.slow
 def test_a_two_argument_metric_scores_like_the_three_argument_one(endpoint):
     seen = []
 
@@ -458,6 +477,7 @@ def test_a_metric_without_two_parameters_is_refused_naming_its_signature():
         OPROTeleprompter(one_arg)
 
 
+@pytest.mark.slow
 def test_task_and_judge_models_accept_litellm_model_strings(endpoint, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "offline")
     monkeypatch.setenv("OPENAI_BASE_URL", endpoint.base_url)
@@ -477,6 +497,7 @@ def test_task_and_judge_models_accept_litellm_model_strings(endpoint, monkeypatc
 # ---------------------------------------------------------------------------------- 11. exemplars keep the draw
 
 
+@pytest.mark.slow
 def test_failed_labelled_examples_stay_in_the_exemplar_pool(endpoint):
     train = simulated_dataset(6)
     program = RaisesOn({train[2].question, train[4].question}, ValueError("no number"))
@@ -487,6 +508,7 @@ def test_failed_labelled_examples_stay_in_the_exemplar_pool(endpoint):
     assert any(2 in indices or 4 in indices for indices in drawn)
 
 
+@pytest.mark.slow
 def test_only_examples_without_label_or_answer_leave_the_pool(endpoint):
     labelled = simulated_dataset(6)
     # Odd examples carry no label; the program raises on them, so they have no usable answer either.
@@ -505,6 +527,7 @@ def test_only_examples_without_label_or_answer_leave_the_pool(endpoint):
 # ------------------------------------------------------------------------------------------ 12. odd text
 
 
+@pytest.mark.slow
 def test_lone_surrogates_nul_and_invalid_utf8_never_crash_a_run_or_its_resume(endpoint, tmp_path):
     # Optimizer replies end in a lone surrogate and a NUL; one task reply is not UTF-8 (a transport error, retried).
     endpoint.faults = FaultConfig(fail_requests={0}, fail_kind="invalid_utf8", only_kinds={"task"})

@@ -2,9 +2,10 @@
 
 The authors' end-to-end run (tests/golden/evolution_trace.json: 4 steps x 4 replies, a scripted optimizer and a
 scripted scorer) is replayed through ``OPROTeleprompter`` with fake models that return the same replies and the
-same scores; the triage is checked through :func:`dspy_opro.proposing.triage.triage_replies` (which the run calls), the
-exemplar draws through the run's own draw, the optimizer call through :func:`dspy_opro.proposing.optimizer_calls.propose`, and
-``instruction_pos`` through what the task model receives at the simulated endpoint.
+same scores; the triage is checked through :func:`dspy_opro.proposing.triage.triage_replies` (which the run
+calls), the exemplar draws through the run's own draw, the optimizer call through
+:func:`dspy_opro.proposing.optimizer_calls.propose`, and ``instruction_pos`` through what the task model receives at
+the simulated endpoint.
 """
 
 from __future__ import annotations
@@ -24,7 +25,15 @@ from dspy_opro.proposing.meta_prompt import instruction_md5
 from dspy_opro.proposing.optimizer_calls import propose
 from dspy_opro.proposing.triage import triage_replies
 from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
-from tests.fakes import chat_reply, field_value, instruction_of, make_lm, scripted_optimizer, user_text
+from tests.fakes import (
+    chat_reply,
+    field_value,
+    instruction_of,
+    make_lm,
+    scripted_optimizer,
+    toy_task_reply,
+    user_text,
+)
 
 TRACE: dict[str, Any] = json.loads((Path(__file__).parent / "golden" / "evolution_trace.json").read_text())
 CONFIG = TRACE["config"]
@@ -186,17 +195,11 @@ class _StrictFails(dspy.Module):
         return self.predict(question=question)
 
 
-def _toy_task(request) -> str:
-    index = int((field_value(user_text(request), "question") or "item 0").split()[-1])
-    better = len(re.findall(r"\bbetter\b", instruction_of(request).lower()))
-    return chat_reply(answer=f"a{index}" if index < better else "wrong")
-
-
 @pytest.mark.parametrize("criteria", ["random", "constant"])
 def test_run_keeps_labelled_examples_the_best_program_failed_in_the_pool(criteria: str) -> None:
     """Labelled examples stay in the pool whatever the best program did on them, so the draw is the authors' at
     every step (and "constant" repeats the step-0 draw), even after the best program raises on item 0."""
-    task_lm, _ = make_lm(_toy_task)
+    task_lm, _ = make_lm(toy_task_reply)
     opt_lm, _ = make_lm(scripted_optimizer(["<INS>Strict: better better better.</INS>", "<INS>Better.</INS>"]))
     trainset = [dspy.Example(question=f"item {i}", answer=f"a{i}").with_inputs("question") for i in range(6)]
     optimizer = OPROTeleprompter(lambda example, prediction, trace=None: float(prediction.answer == example.answer),
@@ -337,7 +340,7 @@ def test_q_end_demos_carry_the_text_and_the_field_name_avoids_a_clash() -> None:
 def test_defaults_that_differ_from_the_authors_reach_the_run() -> None:
     """10 steps (theirs 200), threshold 0 (theirs 0.3 with GPT scorers), max_tokens 1024 (their GPT optimizer 512),
     no length limit (theirs 500 characters)."""
-    task_lm, _ = make_lm(_toy_task)
+    task_lm, _ = make_lm(toy_task_reply)
     opt_lm, opt_engine = make_lm(scripted_optimizer(["<INS>" + "Be better. " * 60 + "</INS>"]))
     optimizer = OPROTeleprompter(lambda example, prediction, trace=None: float(prediction.answer == example.answer),
                                  prompt_model=opt_lm, task_model=task_lm, num_candidates=1, num_threads=1)

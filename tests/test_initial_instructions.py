@@ -40,6 +40,7 @@ from tests.fakes import (
     toy_task_reply,
     user_text,
 )
+from tests.test_progress import Terminal, renderings, stderr_as
 
 START = "Given the fields `question`, produce the fields `answer`."
 OBJECTIVE = "your objective is:"
@@ -482,45 +483,22 @@ def test_several_initial_instructions_give_the_authors_meta_prompt() -> None:
 # --------------------------------------------------------------------------------------------------- label-free
 
 
-def test_label_free_scores_initial_instructions_against_the_start_after_its_anchors(endpoint) -> None:
-    """Label-free OPRO judges every candidate against the start's runs, so the start runs first (all 6 anchors),
-    then the initial instruction, even on 4 threads; the judge is asked once per example of the instruction."""
-    train = simulated_dataset(6)
-    optimizer = OPROTeleprompter(PairwisePreference(judge_model=_lm(endpoint, "sim-judge")),
-                                 prompt_model=_lm(endpoint, "sim-opt"), task_model=_lm(endpoint, "sim-task"),
-                                 initial_instructions=[STRONG], num_steps=0, num_threads=4)
-    run = optimizer.compile(dspy.Predict("question -> answer"), trainset=train).opro_run
-    task = _task(endpoint)
-    assert [_pair(r)[0] for r in task] == [START] * 6 + [STRONG] * 6
-    judge = [r for r in endpoint.requests if r.kind == "judge"]
-    assert len(judge) == 6 and min(r.index for r in judge) > max(r.index for r in task[:6])
-    # The simulated judge finds no instruction in the trajectories, so it answers preference 0 (a score of 0.5, the
-    # start's own); on a tie the start is the best, and the gate keeps the program as given.
-    assert (run.candidates[0].score, run.candidates[1].score) == (0.5, 0.5)
-    assert (run.selection.candidate_id, run.selection.selected_by) == (0, "start")
-
-
-def test_label_free_never_judges_an_initial_instruction_before_its_anchor_exists() -> None:
-    """The start's run on item 0 is held back (up to 2 s) until an initial-instruction request arrives: were both
-    scored in one phase, that request would come while item 0 has no anchor yet and the judge metric would fail."""
-    strong_arrived = threading.Event()
-    order: list[str] = []
-
-    def task(request) -> str:
-        question = field_value(user_text(request), "question")
-        if instruction_of(request) == "Better.":
-            order.append(f"initial {question}")
-            strong_arrived.set()
-        elif question == "item 0":
-            strong_arrived.wait(2.0)
-            order.append("start item 0 answered")
-        return toy_task_reply(request)
-
-    task_lm, _ = make_lm(task)
+def test_label_free_never_judges_an_initial_instruction_before_its_anchor_exists(monkeypatch) -> None:
+    """Even on 4 threads, label-free step -1 is two phases, each with its own progress bar: the start's runs, which
+    leave the anchors, then the initial instruction's, each judged against the anchor of its example. (Without
+    labels, one phase as in ``test_the_start_and_the_initial_instructions_are_scored_in_one_parallel_phase`` would
+    judge a run before its example's anchor exists.)"""
+    terminal = stderr_as(monkeypatch, Terminal())
+    task_lm, task_engine = make_lm(toy_task_reply)
     judge_lm, judge_engine = make_lm(lambda request: chat_reply(rationale="Same.", preference=0), model="openai/judge")
     optimizer = OPROTeleprompter(PairwisePreference(judge_model=judge_lm), prompt_model=task_lm, task_model=task_lm,
                                  num_steps=0, num_threads=4, initial_instructions=["Better."])
     run = optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4)).opro_run
-    assert order[0] == "start item 0 answered" and len(order) == 5
-    assert [c.status for c in run.candidates] == ["scored", "scored"]
-    assert len(judge_engine.requests) == 4
+    phases = [drawn for drawn in renderings(terminal.getvalue()) if drawn[1] == 0]
+    assert phases == [("start", 0, 4, None), ("start", 0, 4, "best 50.0")]
+    assert [instruction_of(request) for request in task_engine.requests] == [START] * 4 + ["Better."] * 4
+    assert len(judge_engine.requests) == 4  # once per run of the initial instruction, none for the start's
+    # The judge calls every pair even (preference 0, a score of 0.5, the start's own): on a tie the start is the best,
+    # and the gate keeps the program as given.
+    assert [(c.status, c.score) for c in run.candidates] == [("scored", 0.5), ("scored", 0.5)]
+    assert (run.selection.candidate_id, run.selection.selected_by) == (0, "start")

@@ -53,7 +53,12 @@ REJECTED_COMBINATIONS: list[dict[str, Any]] = [
 ]
 
 BAD_BUCKETS: list[Any] = [0, -1, 2.5, 100.0, "100", "inf", None, True, -math.inf, math.nan]
-GOOD_BUCKETS: list[Any] = [1, 20, 100, np.int64(100), math.inf, float("inf"), np.inf, np.float64("inf")]
+# Accepted bucket counts and how they show HISTORY's scores (0.61 and 0.71).
+GOOD_BUCKETS: list[tuple[Any, tuple[str, str]]] = [
+    (1, ("1", "1")), (20, ("12", "14")), (100, ("61", "71")), (np.int64(100), ("61", "71")),
+    (math.inf, ("0.61", "0.71")), (float("inf"), ("0.61", "0.71")), (np.inf, ("0.61", "0.71")),
+    (np.float64("inf"), ("0.61", "0.71")),
+]
 
 
 @pytest.mark.parametrize("options", REJECTED_COMBINATIONS, ids=repr)
@@ -91,14 +96,19 @@ def test_accepted_combinations(family: str, pos: str, include_qa: bool, prompt_t
     validate_meta_prompt_options(
         optimizer_family=family, instruction_pos=pos, include_qa=include_qa, meta_prompt_type=prompt_type
     )
-    assert gen_meta_prompt(
+    prompt = gen_meta_prompt(
         HISTORY,
-        [("q", "a")],
+        [("THE-PROBLEM", "THE-ANSWER")],
         optimizer_family=family,
         instruction_pos=pos,
         include_qa=include_qa,
         meta_prompt_type=prompt_type,
     )
+    # Both instructions, in ascending score order; the problem only where the type shows exemplars.
+    first, second = (prompt.index(instruction) for instruction, _, _ in HISTORY)
+    assert first < second
+    shows_exemplars = prompt_type == "both_instructions_and_exemplars"
+    assert ("THE-PROBLEM" in prompt, "THE-ANSWER" in prompt) == (shows_exemplars, shows_exemplars)
 
 
 @pytest.mark.parametrize("buckets", BAD_BUCKETS, ids=repr)
@@ -111,10 +121,13 @@ def test_bad_bucket_values_raise(buckets: Any) -> None:
         format_score(0.5, buckets)
 
 
-@pytest.mark.parametrize("buckets", GOOD_BUCKETS, ids=repr)
-def test_good_bucket_values(buckets: Any) -> None:
+@pytest.mark.parametrize(("buckets", "shown"), GOOD_BUCKETS, ids=[repr(b) for b, _ in GOOD_BUCKETS])
+def test_good_bucket_values(buckets: Any, shown: tuple[str, str]) -> None:
     validate_meta_prompt_options(num_score_buckets=buckets)
-    gen_meta_prompt(HISTORY, num_score_buckets=buckets)
+    prompt = gen_meta_prompt(HISTORY, num_score_buckets=buckets)
+    assert [format_score(score, buckets) for _, score, _ in HISTORY] == list(shown)
+    assert prompt.count("\nscore:\n") == 2
+    assert f"\ntext:\n{HISTORY[0][0]}\nscore:\n{shown[0]}\n\ntext:\n{HISTORY[1][0]}\nscore:\n{shown[1]}\n" in prompt
 
 
 @pytest.mark.parametrize("value", [-1, 2.5, True, "20", None])

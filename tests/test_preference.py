@@ -1,10 +1,7 @@
-"""Tests for dspy_opro.extensions.judge: label-free scoring by pairwise self-preference (fake LMs only)."""
+"""Tests for dspy_opro.extensions.judge: label-free scoring by pairwise self-preference (the fake LMs of
+``tests/fakes.py``)."""
 
 from __future__ import annotations
-
-import os
-
-os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 
 import logging
 import math
@@ -12,7 +9,6 @@ import re
 
 import dspy
 import pytest
-from dspy.lm15 import Message, Response, TextPart, Usage
 from dspy.utils.exceptions import LMError
 
 from dspy_opro.extensions.judge import (
@@ -23,58 +19,20 @@ from dspy_opro.extensions.judge import (
     render_inputs,
     render_trajectory,
 )
+from tests.fakes import make_lm, system_text, user_text
 
 SECRET = "LABEL-SECRET-42"
 CANDIDATE_MARK = "CANDIDATE-TRAJECTORY-MARK"
 ANCHOR_MARK = "ANCHOR-TRAJECTORY-MARK"
 
 
-class FakeEngine:
-    def __init__(self, reply_fn):
-        self.reply_fn = reply_fn
-        self.requests = []
-
-    def complete(self, request):
-        self.requests.append(request)
-        text = self.reply_fn(request)
-        return Response(
-            id=None,
-            model="fake",
-            message=Message.assistant([TextPart(text)]),
-            finish_reason="stop",
-            usage=Usage(input_tokens=10, output_tokens=5, total_tokens=15),
-        )
-
-    def stream(self, request):
-        raise NotImplementedError
-
-    def close(self):
-        pass
-
-
-def fake_lm(reply_fn):
-    engine = FakeEngine(reply_fn)
-    return dspy.LM("openai/fake", engine=engine, cache=False, num_retries=0), engine
-
-
 def request_text(request) -> str:
-    system = request.system
-    if system is None:
-        system_text = ""
-    elif isinstance(system, str):
-        system_text = system
-    else:
-        system_text = "".join(getattr(part, "text", "") or "" for part in system)
-    return system_text + "\n" + "\n".join(message.text or "" for message in request.messages)
-
-
-def last_user_text(request) -> str:
-    return request.messages[-1].text
+    return system_text(request) + "\n" + "\n".join(message.text or "" for message in request.messages)
 
 
 def judge_sections(request) -> tuple[str, str, str]:
     """(task_input, trajectory_a, trajectory_b) as the ChatAdapter laid them out in the judge's user message."""
-    text = last_user_text(request)
+    text = user_text(request)
     match = re.search(
         r"\[\[ ## task_input ## \]\]\n(.*)\n\n\[\[ ## trajectory_a ## \]\]\n(.*)\n\n\[\[ ## trajectory_b ## \]\]\n(.*)",
         text,
@@ -106,7 +64,7 @@ def content_judge(in_b: int, in_a: int):
 
 
 def test_one_order_judge_returns_its_preference_with_one_call():
-    lm, engine = fake_lm(lambda request: judge_reply(6))
+    lm, engine = make_lm(lambda request: judge_reply(6))
     judgment = PairwiseJudge(lm).compare("question: q", ANCHOR_MARK, CANDIDATE_MARK)
     assert judgment == Judgment(preference=6.0, rationale="B handles the task better.", parsed=True, calls=1)
     assert len(engine.requests) == 1
@@ -115,7 +73,7 @@ def test_one_order_judge_returns_its_preference_with_one_call():
 
 
 def test_both_orders_cancels_a_judge_that_always_favours_position_b():
-    lm, engine = fake_lm(lambda request: judge_reply(6))
+    lm, engine = make_lm(lambda request: judge_reply(6))
     judgment = PairwiseJudge(lm, both_orders=True).compare("question: q", ANCHOR_MARK, CANDIDATE_MARK)
     assert judgment.preference == 0.0
     assert judgment.parsed is True
@@ -128,7 +86,7 @@ def test_both_orders_cancels_a_judge_that_always_favours_position_b():
 
 
 def test_both_orders_keeps_a_preference_that_follows_the_content():
-    lm, engine = fake_lm(content_judge(in_b=6, in_a=-6))
+    lm, engine = make_lm(content_judge(in_b=6, in_a=-6))
     assert PairwiseJudge(lm).compare("question: q", ANCHOR_MARK, CANDIDATE_MARK).preference == 6.0
     judgment = PairwiseJudge(lm, both_orders=True).compare("question: q", ANCHOR_MARK, CANDIDATE_MARK)
     assert judgment.preference == 6.0
@@ -137,20 +95,20 @@ def test_both_orders_keeps_a_preference_that_follows_the_content():
 
 
 def test_both_orders_can_give_a_half_point():
-    lm, _ = fake_lm(content_judge(in_b=3, in_a=2))
+    lm, _ = make_lm(content_judge(in_b=3, in_a=2))
     judgment = PairwiseJudge(lm, both_orders=True).compare("question: q", ANCHOR_MARK, CANDIDATE_MARK)
     assert judgment.preference == 0.5
     assert judgment.rationale.count("B handles the task better.") == 2
 
 
 def test_out_of_range_preference_is_clamped():
-    lm, _ = fake_lm(lambda request: judge_reply(15))
+    lm, _ = make_lm(lambda request: judge_reply(15))
     judgment = PairwiseJudge(lm).compare("question: q", ANCHOR_MARK, CANDIDATE_MARK)
     assert judgment.preference == 10.0 and judgment.parsed is True
 
 
 def test_unparseable_judgment_counts_zero_and_warns(caplog):
-    lm, engine = fake_lm(lambda request: "I cannot decide which one is better.")
+    lm, engine = make_lm(lambda request: "I cannot decide which one is better.")
     with caplog.at_level(logging.WARNING, logger="dspy_opro.extensions.judge"):
         judgment = PairwiseJudge(lm).compare("question: q", ANCHOR_MARK, CANDIDATE_MARK)
     assert judgment.preference == 0.0
@@ -167,7 +125,7 @@ def test_one_unparseable_order_counts_zero_for_that_order_only(caplog):
         _, a, b = judge_sections(request)
         return judge_reply(4) if CANDIDATE_MARK in b else "no idea"
 
-    lm, engine = fake_lm(reply)
+    lm, engine = make_lm(reply)
     with caplog.at_level(logging.WARNING, logger="dspy_opro.extensions.judge"):
         judgment = PairwiseJudge(lm, both_orders=True).compare("question: q", ANCHOR_MARK, CANDIDATE_MARK)
     assert judgment.preference == 2.0  # (4 - 0) / 2
@@ -180,13 +138,13 @@ def test_lm_errors_propagate():
     def broken(request):
         raise RuntimeError("provider exploded")
 
-    lm, _ = fake_lm(broken)
+    lm, _ = make_lm(broken)
     with pytest.raises(LMError):
         PairwiseJudge(lm).compare("question: q", ANCHOR_MARK, CANDIDATE_MARK)
 
 
 def test_judge_without_lm_runs_on_the_task_model():
-    task_lm, task_engine = fake_lm(lambda request: judge_reply(-3))
+    task_lm, task_engine = make_lm(lambda request: judge_reply(-3))
     with dspy.context(lm=task_lm):
         judgment = PairwiseJudge().compare("question: q", ANCHOR_MARK, CANDIDATE_MARK)
     assert judgment.preference == -3.0
@@ -194,8 +152,8 @@ def test_judge_without_lm_runs_on_the_task_model():
 
 
 def test_explicit_judge_lm_is_used_instead_of_the_task_model():
-    task_lm, task_engine = fake_lm(lambda request: judge_reply(-3))
-    judge_lm, judge_engine = fake_lm(lambda request: judge_reply(2))
+    task_lm, task_engine = make_lm(lambda request: judge_reply(-3))
+    judge_lm, judge_engine = make_lm(lambda request: judge_reply(2))
     with dspy.context(lm=task_lm):
         judgment = PairwiseJudge(judge_lm).compare("question: q", ANCHOR_MARK, CANDIDATE_MARK)
     assert judgment.preference == 2.0
@@ -204,7 +162,7 @@ def test_explicit_judge_lm_is_used_instead_of_the_task_model():
 
 
 def test_judge_prompt_contains_task_input_and_both_trajectories():
-    lm, engine = fake_lm(lambda request: judge_reply(1))
+    lm, engine = make_lm(lambda request: judge_reply(1))
     task_input = "question: What is the capital of France?"
     anchor = f"Final outputs:\nanswer: Lyon {ANCHOR_MARK}"
     candidate = f"Final outputs:\nanswer: Paris {CANDIDATE_MARK}"
@@ -219,14 +177,14 @@ def test_judge_prompt_contains_task_input_and_both_trajectories():
 
 
 def test_judge_calls_stay_out_of_the_callers_trace():
-    lm, _ = fake_lm(lambda request: judge_reply(1))
+    lm, _ = make_lm(lambda request: judge_reply(1))
     with dspy.context(trace=[]):
         PairwiseJudge(lm, both_orders=True).compare("question: q", ANCHOR_MARK, CANDIDATE_MARK)
         assert dspy.settings.trace == []
 
 
 def test_rollout_id_reaches_the_judge_call():
-    lm, engine = fake_lm(lambda request: judge_reply(1))
+    lm, engine = make_lm(lambda request: judge_reply(1))
     judgment = PairwiseJudge(lm).compare("question: q", ANCHOR_MARK, CANDIDATE_MARK, rollout_id=7)
     assert judgment.calls == len(engine.requests) == 1
     assert lm.history[-1]["kwargs"].get("rollout_id") == 7
@@ -280,7 +238,7 @@ def search(query: str) -> str:
 
 
 def react_reply(request) -> str:
-    text = last_user_text(request)
+    text = user_text(request)
     if "next_thought" in request_text(request):
         if "[[ ## observation_0 ## ]]" not in text:
             return (
@@ -298,7 +256,7 @@ def react_reply(request) -> str:
 @pytest.fixture
 def react_run():
     example = dspy.Example(question="What is the capital of France?", answer=SECRET).with_inputs("question")
-    lm, engine = fake_lm(react_reply)
+    lm, engine = make_lm(react_reply)
     agent = dspy.ReAct("question -> answer", tools=[search], max_iters=5)
     with dspy.context(lm=lm):
         prediction = agent(**example.inputs())
@@ -354,7 +312,7 @@ def test_labels_never_reach_the_judge(react_run):
     task_input = render_inputs(example)
     candidate = render_trajectory(prediction, label_fields=example.labels().keys())
     anchor = render_trajectory(dspy.Prediction(answer="Lyon"), label_fields=example.labels().keys())
-    lm, engine = fake_lm(content_judge(in_b=5, in_a=-5))
+    lm, engine = make_lm(content_judge(in_b=5, in_a=-5))
     judgment = PairwiseJudge(lm, both_orders=True).compare(task_input, anchor, candidate + f"\n{CANDIDATE_MARK}")
     assert judgment.preference == 5.0
     assert len(engine.requests) == 2
@@ -366,7 +324,7 @@ def test_labels_never_reach_the_judge(react_run):
 
 
 def test_render_chain_of_thought_trace():
-    lm, _ = fake_lm(
+    lm, _ = make_lm(
         lambda request: (
             "[[ ## reasoning ## ]]\nFrance's capital is Paris.\n\n[[ ## answer ## ]]\nParis\n\n[[ ## completed ## ]]"
         )
@@ -396,7 +354,7 @@ def test_render_multi_step_trace_withholds_label_named_inputs_but_shows_outputs(
             return "[[ ## verdict ## ]]\nconsistent\n\n[[ ## completed ## ]]"
         return "[[ ## answer ## ]]\nParis\n\n[[ ## completed ## ]]"
 
-    lm, _ = fake_lm(reply)
+    lm, _ = make_lm(reply)
     answer = dspy.Predict("question -> answer")
     check = dspy.Predict("question, answer -> verdict")
     with dspy.context(lm=lm, trace=[]):
@@ -414,7 +372,7 @@ def test_render_multi_step_trace_withholds_label_named_inputs_but_shows_outputs(
 
 def test_render_failure():
     assert render_trajectory(ValueError("boom")) == "The program failed: ValueError: boom"
-    lm, _ = fake_lm(lambda request: "[[ ## answer ## ]]\nParis\n\n[[ ## completed ## ]]")
+    lm, _ = make_lm(lambda request: "[[ ## answer ## ]]\nParis\n\n[[ ## completed ## ]]")
     with dspy.context(lm=lm, trace=[]):
         dspy.Predict("question -> answer")(question="q?")
         trace = list(dspy.settings.trace)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import dspy
 
@@ -58,7 +57,7 @@ class _Released(logging.Handler):
             self.gate.release()
 
 
-def test_usage_of_calls_still_in_flight_when_the_program_failed_is_counted():
+def test_usage_of_calls_still_in_flight_when_the_program_failed_is_counted(settle_started):
     gate = threading.Semaphore(0)
     STARTED.clear()
 
@@ -67,7 +66,9 @@ def test_usage_of_calls_still_in_flight_when_the_program_failed_is_counted():
             STARTED.set()
             assert gate.acquire(timeout=30), "the program never failed"
             STARTED.clear()
-            time.sleep(0.2)  # let the failed evaluation reach its usage count before this call ends
+            # This call ends only once the failed evaluation waits for the calls in flight, before counting usage.
+            assert settle_started.wait(30), "the failed evaluation did not wait for the LM call in flight"
+            settle_started.clear()
         return toy_task_reply(request)
 
     task_lm, task_engine = make_lm(task_reply, input_tokens=11, output_tokens=7)

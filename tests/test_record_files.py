@@ -33,10 +33,12 @@ def compile_job(log_dir, call_log=None, **options):
     return teleprompter.compile(program, trainset=trainset, valset=options.get("_valset")), task_engine, opt_engine
 
 
+@pytest.mark.slow  # a second process holds the lock
 def test_a_second_process_on_the_same_log_dir_is_refused_at_once(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from dspy_opro.record.files import LogDirLock; lock = LogDirLock(sys.argv[1]);"
-         " lock.acquire(); print('locked', flush=True); sys.stdin.read()", str(tmp_path)],
+        [sys.executable, "-c", "import sys; from dspy_opro.record.files import LogDirLock; "
+         "lock = LogDirLock(sys.argv[1]); lock.acquire(); print('locked', flush=True); sys.stdin.read()",
+         str(tmp_path)],
         cwd=ROOT, env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "locked\n"
@@ -64,6 +66,7 @@ def test_the_journal_ignores_a_torn_multibyte_last_line_and_appends_on_a_new_lin
     assert path.read_bytes().endswith(b'\xc3\n{"c": 1, "i": 2}\n')
 
 
+@pytest.mark.slow  # SIGKILLs a child process running a compile
 def test_a_killed_run_with_a_torn_journal_resumes_to_the_uninterrupted_result(tmp_path):
     full, full_engine, _ = compile_job(tmp_path / "full")
     expected = outcome(full)
@@ -81,14 +84,13 @@ def test_a_killed_run_with_a_torn_journal_resumes_to_the_uninterrupted_result(tm
 
 
 @pytest.mark.parametrize("damage", [b'{"schema_version": 1, "fingerprint": {"con', b"\xff\xfe{}", b"", b"[]"])
-def test_a_damaged_state_file_is_reported_by_compile_and_by_the_report_command(tmp_path, damage, capsys):
-    compile_job(tmp_path)
-    (tmp_path / "state.json").write_bytes(damage)
-    teleprompter, program, trainset, task_engine, _ = build(str(tmp_path))
+def test_a_damaged_state_file_is_reported_by_compile_and_by_the_report_command(finished_job, damage, capsys):
+    (finished_job / "state.json").write_bytes(damage)
+    teleprompter, program, trainset, task_engine, _ = build(str(finished_job))
     with pytest.raises(StateFileError, match="state.json is corrupt"):
         teleprompter.compile(program, trainset=trainset)
     assert task_engine.requests == []
-    assert cli(["report", str(tmp_path), "--no-plot"]) == 2
+    assert cli(["report", str(finished_job), "--no-plot"]) == 2
     assert "state.json is corrupt" in capsys.readouterr().err
 
 
@@ -100,6 +102,7 @@ def read_only_command() -> list[str]:
     return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-dac_override,-dac_read_search"]
 
 
+@pytest.mark.slow  # compiles in a child process
 def test_a_finished_run_in_a_read_only_log_dir_returns_its_result(tmp_path):
     log_dir = tmp_path / "run"
     expected = compile_job(log_dir)[0].signature.instructions
@@ -120,9 +123,9 @@ def test_a_finished_run_in_a_read_only_log_dir_returns_its_result(tmp_path):
     assert child.stdout.strip().split("|") == [expected, "0", "0"]
 
 
-def test_state_json_has_the_mode_of_the_other_files(tmp_path):
-    compile_job(tmp_path)
-    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in tmp_path.iterdir() if path.is_file()}
+def test_state_json_has_the_mode_of_the_other_files(finished_job_template):
+    log_dir, _ = finished_job_template
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in log_dir.iterdir() if path.is_file()}
     assert modes["state.json"] == modes["report.md"] == modes[PROGRESS_FILE]
     assert modes["state.json"] == 0o666 & ~_umask()
 
@@ -169,9 +172,8 @@ def test_the_valset_counts_only_where_it_is_used(tmp_path):
         ({"metric": lambda example, prediction, trace=None: 1.0}, "metric: \"tests.fakes.toy_metric#"),
     ],
 )
-def test_a_refusal_names_each_differing_setting_with_old_and_new_value(tmp_path, change, named):
-    compile_job(tmp_path)
-    teleprompter, program, trainset, task_engine, _ = build(str(tmp_path), **change)
+def test_a_refusal_names_each_differing_setting_with_old_and_new_value(finished_job, change, named):
+    teleprompter, program, trainset, task_engine, _ = build(str(finished_job), **change)
     with pytest.raises(StateFileError, match="belongs to a different run: the optimizer configuration") as refusal:
         teleprompter.compile(program, trainset=trainset)
     assert named in str(refusal.value)
@@ -215,24 +217,7 @@ def test_the_fingerprint_sees_the_demos_content(tmp_path):
     assert task_engine.requests == []
 
 
-def test_metric_calls_counts_evaluations_that_ran_not_a_fatal_one(tmp_path):
-    from dspy.lm15 import AuthError
-
-    from tests.fakes import instruction_of, scripted_optimizer
-
-    task_lm, task_engine = make_lm(lambda r: AuthError("revoked") if "Revoked" in instruction_of(r)
-                                   else toy_task_reply(r))
-    opt_lm, _ = make_lm(scripted_optimizer(["<INS>Revoked better.</INS>"]))
-    from dspy_opro import OPROTeleprompter
-
-    optimizer = OPROTeleprompter(toy_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=1, num_candidates=1,
-                                 num_threads=1, log_dir=str(tmp_path))
-    with pytest.raises(Exception, match="API key"):
-        optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(5))
-    assert len(task_engine.requests) == 6
-    assert load_state(tmp_path).metric_calls == 5
-
-
+@pytest.mark.slow  # SIGKILLs a child process running a compile
 def test_a_journal_entry_for_another_instruction_is_ignored(tmp_path):
     full, full_engine, _ = compile_job(tmp_path / "full")
     child = subprocess.run([sys.executable, "-m", "tests.resume_job", str(tmp_path / "crash"),

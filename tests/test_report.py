@@ -600,6 +600,7 @@ def test_write_run_report(state: RunState, tmp_path: Path) -> None:
     assert write_run_report(state, str(other), plot=False) == [other / "report.md"]
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_report_module_is_light(tmp_path: Path) -> None:
     """report imports neither dspy nor matplotlib; the plot leaves pyplot and the chosen backend alone."""
     pytest.importorskip("matplotlib")
@@ -668,6 +669,7 @@ def test_cli_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert "report" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_python_m_dspy_opro_report(state: RunState, tmp_path: Path) -> None:
     save_state(state, tmp_path)
     result = subprocess.run(

@@ -27,6 +27,7 @@ def read_pairs(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
 
 
+@pytest.mark.slow  # SIGKILLs a child process running a compile
 @pytest.mark.parametrize("kill_at", [12, 33])
 def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(tmp_path, kill_at):
     teleprompter, program, trainset, full_engine, _ = build(str(tmp_path / "full"))
@@ -49,13 +50,11 @@ def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(tmp_path, kil
     assert len(read_pairs(before)) + len(read_pairs(after)) == len(full_engine.requests) + 1
 
 
-def test_a_finished_run_returns_its_result_without_lm_calls(tmp_path):
-    teleprompter, program, trainset, _, _ = build(str(tmp_path))
-    first = teleprompter.compile(program, trainset=trainset)
-    teleprompter, program, trainset, task_engine, opt_engine = build(str(tmp_path))
+def test_a_finished_run_returns_its_result_without_lm_calls(finished_job_template, finished_job):
+    teleprompter, program, trainset, task_engine, opt_engine = build(str(finished_job))
     again = teleprompter.compile(program, trainset=trainset)
     assert task_engine.requests == [] and opt_engine.requests == []
-    assert outcome(again) == outcome(first)
+    assert outcome(again) == outcome(finished_job_template[1])
 
 
 @pytest.mark.parametrize(
@@ -68,11 +67,9 @@ def test_a_finished_run_returns_its_result_without_lm_calls(tmp_path):
          "the program's structure, instructions or demos"),
     ],
 )
-def test_a_different_run_under_the_same_log_dir_is_refused(tmp_path, change, named):
-    teleprompter, program, trainset, _, _ = build(str(tmp_path))
-    teleprompter.compile(program, trainset=trainset)
+def test_a_different_run_under_the_same_log_dir_is_refused(finished_job, change, named):
     task_lm, task_engine = make_lm(toy_task_reply)
-    options = {"num_steps": 4, "num_candidates": 3, "num_threads": 1, "log_dir": str(tmp_path)}
+    options = {"num_steps": 4, "num_candidates": 3, "num_threads": 1, "log_dir": str(finished_job)}
     options.update({k: v for k, v in change.items() if k == "num_candidates"})
     other = OPROTeleprompter(change.get("metric", toy_metric), prompt_model=task_lm, task_model=task_lm, **options)
     with pytest.raises(StateFileError, match=f"belongs to a different run: {named}"):
@@ -81,12 +78,10 @@ def test_a_different_run_under_the_same_log_dir_is_refused(tmp_path, change, nam
     assert task_engine.requests == []
 
 
-def test_a_truncated_state_file_is_a_clear_error(tmp_path):
-    teleprompter, program, trainset, _, _ = build(str(tmp_path))
-    teleprompter.compile(program, trainset=trainset)
-    state_file = tmp_path / "state.json"
+def test_a_truncated_state_file_is_a_clear_error(finished_job):
+    state_file = finished_job / "state.json"
     state_file.write_text(state_file.read_text()[:500])
-    teleprompter, program, trainset, task_engine, _ = build(str(tmp_path))
+    teleprompter, program, trainset, task_engine, _ = build(str(finished_job))
     with pytest.raises(StateFileError, match="is corrupt"):
         teleprompter.compile(program, trainset=trainset)
     assert task_engine.requests == []
@@ -124,22 +119,6 @@ def test_ctrl_c_saves_state_before_propagating_and_the_run_resumes(tmp_path, mon
     assert resumed.signature.instructions == "Better."
     assert resumed.opro_run.candidates[1].score == 1 / 5
     assert calls[0] == 11  # 5 + 5 evaluations, plus the one in flight when Ctrl-C came, run once more
-
-
-def test_a_run_stopped_by_its_budget_continues_with_a_larger_one(tmp_path):
-    before, after = tmp_path / "before.log", tmp_path / "after.log"
-    teleprompter, program, trainset, _, _ = build(str(tmp_path), str(before), max_metric_calls=12)
-    stopped = teleprompter.compile(program, trainset=trainset).opro_run
-    assert stopped.status == "stopped" and stopped.metric_calls == 12
-    teleprompter, program, trainset, task_engine, _ = build(str(tmp_path), str(after), max_metric_calls=12)
-    teleprompter.compile(program, trainset=trainset)
-    assert task_engine.requests == []  # the same budget: the saved result, without LM calls
-    teleprompter, program, trainset, task_engine, _ = build(str(tmp_path), str(after), max_metric_calls=1000)
-    resumed = teleprompter.compile(program, trainset=trainset)
-    full_teleprompter, program, trainset, full_engine, _ = build(str(tmp_path / "full"))
-    assert outcome(resumed) == outcome(full_teleprompter.compile(program, trainset=trainset))
-    assert set(read_pairs(before)) & set(read_pairs(after)) == set()
-    assert len(read_pairs(before)) + len(read_pairs(after)) == len(full_engine.requests)
 
 
 def test_a_budget_below_the_trainset_is_refused_up_front():

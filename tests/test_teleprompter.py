@@ -60,7 +60,6 @@ def test_exact_calls_meta_prompts_and_dedup():
     assert len(texts) == 8
     assert all(len(request.messages) == 1 and request.system is None for request in opt_engine.requests)
     assert all(request.config.temperature == 1.0 for request in opt_engine.requests)
-    train = toy_dataset(6)
 
     def exemplars(step):
         return [(f"item {i}", f"a{i}") for i in draw_exemplar_indices(range(6), 3, step)]
@@ -83,7 +82,6 @@ def test_exact_calls_meta_prompts_and_dedup():
     assert compiled.candidate_programs[0]["instructions"] == {"self": "Better, better, better."}
     assert compiled.candidate_programs[0]["step"] == 1
     assert run_record.candidates[-1].status == "skipped" and run_record.candidates[-1].reason == "empty instruction"
-    assert len(train) == 6
 
 
 def test_validation_selection_and_validation_never_in_meta_prompt():
@@ -99,8 +97,8 @@ def test_validation_selection_and_validation_never_in_meta_prompt():
     # top_k=2 on the valset: 4 evaluations each, on top of 6 x (1 + 3) training evaluations.
     assert len(task_engine.requests) == 6 * 4 + 4 * 2
     assert compiled.opro_run.selection.selected_by == "validation"
-    for text in optimizer_texts(opt_engine):
-        assert "val " not in text
+    texts = optimizer_texts(opt_engine)
+    assert len(texts) == 4 and all("item " in text and "val " not in text for text in texts)
 
 
 def test_select_train_is_the_paper_default():
@@ -122,25 +120,11 @@ def test_transport_failures_retry_once_then_unscored():
     assert calls["Flaky better better."] == 12  # every example tried twice
     flaky = next(c for c in compiled.opro_run.candidates if c.instruction == "Flaky better better.")
     assert flaky.status == "unscored" and "LM failures on 6 examples" in flaky.reason
-    # An unscored instruction never appears in a meta-prompt.
-    assert all("Flaky" not in text.split("Below are some problems")[0] for text in optimizer_texts(opt_engine))
+    # An unscored instruction never appears in a meta-prompt; the step's scored one does.
+    histories = [text.split("Below are some problems")[0] for text in optimizer_texts(opt_engine)]
+    assert len(histories) == 4 and not any("Flaky" in text for text in histories)
+    assert [("text:\nBetter.\n" in text) for text in histories] == [False, False, True, True]
     assert compiled.signature.instructions == "Better."
-
-
-def test_transient_failure_is_retried_and_scored():
-    seen = set()
-
-    def task(request):
-        key = (instruction_of(request), user_text(request))
-        if "Better." in key[0] and key not in seen:
-            seen.add(key)
-            return ServerError("blip")
-        return toy_task_reply(request)
-
-    compiled, _, task_engine, _ = run(["<INS>Better.</INS>"], task=task, num_steps=1, num_candidates=1)
-    assert task_calls_by_instruction(task_engine)["Better."] == 12
-    assert compiled.opro_run.candidates[1].status == "scored"
-    assert compiled.opro_run.candidates[1].score == 1 / 6
 
 
 def test_auth_error_stops_the_run_with_state_saved(tmp_path):
@@ -153,26 +137,6 @@ def test_auth_error_stops_the_run_with_state_saved(tmp_path):
         run(["<INS>Better.</INS>"], task=task, num_steps=1, num_candidates=1, log_dir=tmp_path)
     saved = (tmp_path / "state.json").read_text()
     assert '"status":"scored"' in saved and "Better." in saved
-
-
-def test_auth_error_of_the_optimizer_stops_the_run():
-    task_lm, _ = make_lm(toy_task_reply)
-    opt_lm, opt_engine = make_lm(lambda request: AuthError("bad key"))
-    optimizer = OPROTeleprompter(toy_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=1, num_threads=1)
-    with pytest.raises(FatalLMError, match="optimizer model"):
-        optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(3))
-    assert len(opt_engine.requests) == 1
-
-
-def test_optimizer_failures_are_retried_once_then_dropped_and_three_empty_steps_stop():
-    task_lm, task_engine = make_lm(toy_task_reply)
-    opt_lm, opt_engine = make_lm(lambda request, n: ServerError("down") if n % 2 or n > 4 else "<INS>Better.</INS>")
-    optimizer = OPROTeleprompter(toy_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=6,
-                                 num_candidates=2, num_threads=1)
-    with pytest.raises(OPRORunError, match="no reply in 3 steps in a row; last error: LMServerError"):
-        optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(3))
-    # Step 0: calls 1 (fail) 2 (ok) 3 (fail) 4 (ok); steps 1-3: two tries per sample, all failing.
-    assert len(opt_engine.requests) == 4 + 3 * 4
 
 
 def test_program_exceptions_score_failure_score():
@@ -211,20 +175,6 @@ def test_metric_returning_prediction_and_bool():
     compiled, *_ = run(["<INS>Better better better.</INS>"], num_steps=1, num_candidates=1,
                        metric=lambda ex, pred, trace=None: pred.answer == ex.answer)
     assert compiled.opro_run.candidates[1].score == 0.5
-
-
-def test_budget_stops_at_the_exact_count():
-    compiled, _, task_engine, opt_engine = run(["<INS>Better.</INS>", "<INS>Better better.</INS>"],
-                                               num_steps=3, num_candidates=2, max_metric_calls=10)
-    assert len(task_engine.requests) == 10
-    run_record = compiled.opro_run
-    assert run_record.metric_calls == 10
-    assert run_record.status == "stopped" and "max_metric_calls=10" in run_record.stop_reason
-    first, second = run_record.candidates[1:3]
-    assert first.status == "cut_short" and first.reason.startswith("cut short")
-    assert second.status == "cut_short"
-    assert len(opt_engine.requests) == 2  # no further step is started once the budget is gone
-    assert compiled.signature.instructions == START
 
 
 def test_budget_left_no_room_for_validation_falls_back_to_train():
@@ -405,6 +355,7 @@ def test_opro_alias_and_teacher_refused():
     assert engine.requests == []
 
 
+@pytest.mark.slow  # starts a worker process
 def test_a_process_pool_that_cannot_pickle_the_job_is_a_clear_error():
     import concurrent.futures as cf
 

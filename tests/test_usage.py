@@ -1,7 +1,9 @@
-"""Usage and cost: exact token totals under threads, judges inside the metric, cache hits, the max_cost stop."""
+"""Usage and cost with fake LMs: judges inside the metric, cache hits, the max_cost stop, calls left in flight.
+
+Token totals under threads are checked against the simulated endpoint's request log in ``tests/test_accounting.py``.
+"""
 
 import threading
-import time
 import uuid
 
 import dspy
@@ -19,23 +21,6 @@ def compile_with(task_lm, opt_lm, **kwargs):
     metric = settings.pop("metric", toy_metric)
     optimizer = OPROTeleprompter(metric, prompt_model=opt_lm, task_model=task_lm, **settings)
     return optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(6))
-
-
-@pytest.mark.parametrize("num_threads", [1, 8])
-def test_usage_totals_equal_the_engines_tokens(num_threads):
-    task_lm, task_engine = make_lm(toy_task_reply, input_tokens=11, output_tokens=7)
-    opt_lm, opt_engine = make_lm(lambda request, n: REPLIES[(n - 1) % 3], model="openai/opt", input_tokens=100,
-                                 output_tokens=20)
-    usage = compile_with(task_lm, opt_lm, num_threads=num_threads).opro_run.usage
-    tasks, opts = len(task_engine.requests), len(opt_engine.requests)
-    assert (tasks, opts) == (6 * 4, 6)
-    assert usage.task.model_dump() == {"calls": tasks, "cache_hits": 0, "prompt_tokens": 11 * tasks,
-                                       "completion_tokens": 7 * tasks, "cached_tokens": 0, "cost": 0.0,
-                                       "unpriced_calls": tasks}
-    assert usage.optimizer.model_dump() == {"calls": opts, "cache_hits": 0, "prompt_tokens": 100 * opts,
-                                            "completion_tokens": 20 * opts, "cached_tokens": 0, "cost": 0.0,
-                                            "unpriced_calls": opts}
-    assert set(usage.by_model) == {"openai/fake", "openai/opt"}
 
 
 def test_a_judge_inside_the_metric_counts_as_task_usage():
@@ -142,12 +127,14 @@ def test_only_a_program_that_forks_runs_with_a_callback():
     assert seen == [("forward", []), ("branch", ["LMCallCounter"]), ("after", ["LMCallCounter"])] * 2
 
 
-def test_usage_of_calls_a_failed_program_left_running_on_its_threads_is_counted():
+def test_usage_of_calls_a_failed_program_left_running_on_its_threads_is_counted(settle_started):
     started = threading.Event()
 
     def slow_reply(request):
         started.set()
-        time.sleep(0.3)  # still running when the other branch has failed and the program has raised
+        # Still running when the other branch has failed and the program has raised: it ends once the failed
+        # evaluation waits for the calls in flight.
+        assert settle_started.wait(30), "the failed evaluation did not wait for the LM call in flight"
         return toy_task_reply(request)
 
     class FailsOnceTheOtherBranchCalls(dspy.Module):
