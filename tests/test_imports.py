@@ -20,6 +20,7 @@ print(json.dumps(sorted(set(sys.modules) - before)))
 """
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_import_adds_no_heavy_package():
     env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
     out = subprocess.run([sys.executable, "-c", _PROBE], env=env, check=True, capture_output=True, text=True)
@@ -48,6 +49,7 @@ print(json.dumps({"litellm": sorted(m for m in sys.modules if m.split(".")[0] ==
 """
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_a_compile_with_custom_engines_does_not_import_litellm():
     env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

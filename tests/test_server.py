@@ -662,6 +662,7 @@ def test_stop_interrupts_a_hanging_request():
     assert record.status == 0 and record.fault == "hang"
 
 
+@pytest.mark.slow  # a subprocess
 def test_cli_serves_until_sigterm():
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     proc = subprocess.Popen(
