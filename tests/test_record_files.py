@@ -260,3 +260,20 @@ def test_the_metric_fingerprint_of_callable_objects_and_partials():
         functools.partial(graded, weight=0.5))
     assert callable_fingerprint(graded).startswith("tests.test_record_files.graded#")
     assert callable_fingerprint(None) is None
+
+
+def test_a_version_1_record_is_read_with_its_cut_short_candidates_migrated(tmp_path):
+    """Version 1 said "unscored" with a reason beginning "cut short" for a candidate a budget stopped; version 2 says
+    "cut_short". Another version is refused, naming both."""
+    fixture = json.loads((Path(__file__).parent / "fixtures" / "state_small.json").read_text(encoding="utf-8"))
+    stopped, outage = fixture["candidates"][1], fixture["candidates"][2]
+    stopped.update(status="unscored", reason="cut short: max_metric_calls=40 reached")
+    outage.update(status="unscored", reason="LM failures on 2 examples after a retry; last: RateLimitError")
+    (tmp_path / "state.json").write_text(json.dumps({**fixture, "schema_version": 1}), encoding="utf-8")
+    state = load_state(tmp_path)
+    assert state.schema_version == 2
+    assert (state.candidates[1].status, state.candidates[1].reason) == ("cut_short", stopped["reason"])
+    assert state.candidates[2].status == "unscored"
+    (tmp_path / "state.json").write_text(json.dumps({**fixture, "schema_version": 3}), encoding="utf-8")
+    with pytest.raises(StateFileError, match="has schema version 3; this dspy-opro reads version 2"):
+        load_state(tmp_path)
