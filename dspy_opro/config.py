@@ -47,7 +47,8 @@ from dspy_opro.task.programs import callable_fingerprint, dataset_fingerprint, p
 
 ExemplarSelection = Literal["random", "constant", "hard_diverse"]
 EXEMPLAR_SELECTIONS = ("random", "constant", "hard_diverse")
-SELECTIONS = ("train", "validation")
+SELECTIONS = ("auto", "train", "validation")
+DEFAULT_MAX_ERRORS = 10
 SettingKind = Literal["search", "continuable", "execution"]
 
 GROUPS = ("metric", "models", "search", "meta-prompt", "targets", "final selection", "budget", "execution",
@@ -170,10 +171,12 @@ class OPROConfig:
         None, group="targets",
         doc="Names (as in ``program.named_predictors()``) of the predictors to optimize; None: all.")
     # final selection
-    select: Literal["train", "validation"] = setting(
-        "train", group="final selection",
-        doc="""``"train"`` returns the best training score (the paper); ``"validation"`` scores the ``top_k`` best
-        on training on the valset and returns the best validation mean.""")
+    select: Literal["auto", "train", "validation"] = setting(
+        "auto", group="final selection",
+        doc="""``"train"`` returns the best training score (the paper's setting); ``"validation"`` scores the
+        ``top_k`` best on training on the valset and returns the best validation mean; ``"auto"`` is
+        ``"validation"`` when ``compile`` gets a valset and ``"train"`` otherwise (as MIPROv2 and GEPA use a
+        valset); the log says which.""")
     top_k: int = setting(
         3, group="final selection",
         doc="Candidates scored on the valset by ``select=\"validation\"`` and ``val_gate``.")
@@ -208,6 +211,14 @@ class OPROConfig:
     failure_score: float = setting(
         0.0, group="execution",
         doc="The score of a run whose program raised (other than an infrastructure failure).")
+    max_errors: int | None = setting(
+        DEFAULT_MAX_ERRORS, group="execution", kind="continuable",
+        doc="""How many errors one ``compile`` tolerates before it stops (as in ``dspy.Evaluate`` and MIPROv2,
+        whose default, 10, it keeps): exceptions of the metric and of the program, except a task model's answer
+        DSPy could not parse (the instruction's doing, scored ``failure_score`` like any wrong answer). A
+        tolerated error scores ``failure_score`` and is logged and recorded; the next one stops the run with
+        everything kept. 10 lets a rare bad example (a missing label, an odd input) cost one score instead of a
+        paid run, while a systematic bug stops within a few evaluations; 0 stops at the first; None: no limit.""")
     # record
     log_dir: str | os.PathLike[str] | None = setting(
         None, group="record", kind="execution",
@@ -269,7 +280,7 @@ class OPROConfig:
         require_int("top_k", self.top_k, minimum=1)
         if not isinstance(self.val_gate, ValGate):
             require_bool("val_gate", self.val_gate)
-        if self.label_free and (self.select != "train" or self.val_gate):
+        if self.label_free and (self.select not in ("auto", "train") or self.val_gate):
             raise ValueError(
                 "label-free OPRO (metric=PairwisePreference(...)) selects by its own gate: the best candidate is "
                 "returned only if its mean preference over the starting program on the valset is above 0; drop "
@@ -283,6 +294,7 @@ class OPROConfig:
         if self.executor is not None and not isinstance(self.executor, cf.Executor):
             raise TypeError(f"executor must be a concurrent.futures.Executor; got {self.executor!r}")
         require_number("failure_score", self.failure_score, low=0.0, high=1.0)
+        require_int("max_errors", self.max_errors, minimum=0, allow_none=True, meaning=" (0 stops at the first)")
         if self.log_dir is not None and not isinstance(self.log_dir, str):
             raise TypeError(f"log_dir must be a folder path (str or os.PathLike); got {self.log_dir!r}")
         require_int("seed", self.seed, minimum=0)
@@ -347,8 +359,22 @@ class OPROConfig:
 
         return HardDiverseExemplars(theta=options.theta)
 
-    def selection_policy(self) -> SelectionPolicy:
-        """How the result is chosen: the anchored metric's gate, the validation gate, validation, or training."""
+    def resolved_select(self, *, has_valset: bool) -> Literal["train", "validation"]:
+        """``select`` with ``"auto"`` resolved: validation when there is a valset to select on, else training.
+
+        A gate (``val_gate``, label-free OPRO) selects by its own rule, so ``"auto"`` resolves to the paper's
+        ``"train"`` there, as before the setting existed.
+        """
+        if self.select != "auto":
+            return self.select
+        return "validation" if has_valset and not self.label_free and self.val_gate_options is None else "train"
+
+    def selection_policy(self, *, has_valset: bool = False) -> SelectionPolicy:
+        """How the result is chosen: the anchored metric's gate, the validation gate, validation, or training.
+
+        Args:
+            has_valset: Whether ``compile`` got a valset (``select="auto"`` selects on it then).
+        """
         if isinstance(self.metric, AnchoredMetric):
             return self.metric.selection_policy()
         gate = self.val_gate_options
@@ -356,7 +382,7 @@ class OPROConfig:
             from dspy_opro.extensions.val_gate import ValGatePolicy
 
             return ValGatePolicy(top_k=self.top_k, min_delta=gate.min_delta)
-        if self.select == "validation":
+        if self.resolved_select(has_valset=has_valset) == "validation":
             return OnValidation(top_k=self.top_k)
         return OnTraining()
 
@@ -374,9 +400,10 @@ class OPROConfig:
     # ------------------------------------------------------------------------------------------------------------
     # What a run records and fingerprints, derived from the fields' kinds
 
-    def recorded_settings(self, models: Models, targets: Sequence[str]) -> dict[str, Any]:
+    def recorded_settings(self, models: Models, targets: Sequence[str], *, has_valset: bool = False) -> dict[str, Any]:
         """What the run record stores as its configuration: every search and continuable setting, the resolved
-        model names, the targets and the metric's fingerprint."""
+        model names, the targets and the metric's fingerprint. ``select="auto"`` is recorded resolved, so that a
+        run fingerprints as the explicit setting it amounts to."""
         settings: dict[str, Any] = {}
         for spec in dataclasses.fields(self):
             if spec.metadata["kind"] != "execution":
@@ -387,6 +414,7 @@ class OPROConfig:
         settings["val_gate"] = dataclasses.asdict(gate) if gate is not None else False
         if diverse is not None:
             settings["exemplar_selection"] = {"hard_diverse": dataclasses.asdict(diverse)}
+        settings["select"] = self.resolved_select(has_valset=has_valset)
         settings.update(models.named())
         settings["label_free"] = self.label_free
         settings["targets"] = list(targets)
@@ -396,9 +424,10 @@ class OPROConfig:
                     valset: Sequence[dspy.Example], program: dspy.Module) -> Fingerprint:
         """What decides the run's results; resuming under a different fingerprint is refused."""
         continuable = {spec.name for spec in dataclasses.fields(self) if spec.metadata["kind"] == "continuable"}
-        settings = {key: value for key, value in self.recorded_settings(models, targets).items()
+        has_valset = bool(valset)
+        settings = {key: value for key, value in self.recorded_settings(models, targets, has_valset=has_valset).items()
                     if key not in continuable}
-        uses_valset = self.selection_policy().uses_valset
+        uses_valset = self.selection_policy(has_valset=has_valset).uses_valset
         return Fingerprint(config=digest(settings), trainset=dataset_fingerprint(trainset),
                            valset=dataset_fingerprint(valset if uses_valset else []),
                            program=program_fingerprint(program), settings=settings)

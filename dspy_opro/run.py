@@ -19,9 +19,11 @@ through the metric (label-free OPRO's :class:`~dspy_opro.scoring.evaluation.Anch
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 import dspy
@@ -29,9 +31,10 @@ import dspy
 from dspy_opro.compat import mark_compiled, user_stacklevel
 from dspy_opro.config import OPROConfig
 from dspy_opro.errors import FatalLMError, MetricError, OPRORunError, ProgramError, check_model_ready
+from dspy_opro.plan import RunPlan, initial_count, plan_run
 from dspy_opro.proposing.initial import initial_by_predictor, initial_candidates
 from dspy_opro.proposing.meta_prompt import gen_meta_prompt, instruction_md5
-from dspy_opro.proposing.optimizer_calls import honours_n, propose
+from dspy_opro.proposing.optimizer_calls import propose
 from dspy_opro.proposing.step_inputs import ExemplarPicker, predictor_history
 from dspy_opro.proposing.triage import triage_replies
 from dspy_opro.record.progress import Progress, evaluations_due, import_litellm_announced, phase_name
@@ -42,8 +45,10 @@ from dspy_opro.record.state import (
     CandidateStatus,
     Fingerprint,
     ModelUsage,
+    Phase,
     Reply,
     RunState,
+    Session,
     Split,
     Step,
     digest,
@@ -79,10 +84,10 @@ class OPRORun:
         self.config = config
         metric = config.metric
         self.anchored: AnchoredMetric | None = metric if isinstance(metric, AnchoredMetric) else None
-        self.selection = config.selection_policy()
         self.data = RunData.build(student, trainset, valset, predictors=config.predictors,
                                   label_free=self.anchored is not None, valset_needed_by=config.valset_needed_by,
                                   num_exemplars=config.num_exemplars, max_metric_calls=config.max_metric_calls)
+        self.selection = config.selection_policy(has_valset=bool(self.data.valset))
         self.initial = initial_by_predictor(config.initial, targets=self.data.targets,
                                             all_predictors=list(predictor_map(student)))
         self.models = config.resolve_models()
@@ -126,11 +131,13 @@ class OPRORun:
             raise
         self.progress = Progress(display=config.display_progress)
         self._warned: set[tuple[str, int]] = set()  # (split, candidate id) whose program errors were logged
+        self.errors_this_compile = 0  # the errors max_errors counts, in this compile
 
     def _new_record(self, fingerprint: Fingerprint) -> RunState:
         """A fresh run record: the program as given is candidate 0, its initial instructions follow (all step -1)."""
         targets = self.data.targets
-        state = RunState(fingerprint=fingerprint, config=self.config.recorded_settings(self.models, targets),
+        state = RunState(fingerprint=fingerprint,
+                         config=self.config.recorded_settings(self.models, targets, has_valset=bool(self.data.valset)),
                          predictors=targets, train_size=len(self.data.trainset), val_size=len(self.data.valset))
         start = read_instructions(self.base, targets)
         state.candidates.append(Candidate(id=START_ID, step=-1, predictor=None, instruction="", instructions=start,
@@ -149,20 +156,26 @@ class OPRORun:
                 logger.info("The OPRO run in %s is complete; returning its result without LM calls",
                             self.config.log_dir)
                 return self._result()
+            state.sessions.append(Session(started_at=time.time()))
             self._announce()
             self.recorder.save_first(state)
-            self._score_start()
+            with self._phase("step -1 scoring"):
+                self._score_start()
+            self._log_cost_estimate()
             self._score_pending_of_finished_steps()
             first = len(state.steps) - (0 if not state.steps or state.steps[-1].complete else 1)
             for step in range(first, self.config.num_steps):
                 if state.status == "stopped" or self._check_budget():
                     break
                 self._run_step(step)
-            self._select()
+            with self._phase("selection"):
+                self._select()
+            self._end_session(state.status)
             self.recorder.save(state, final=True)
             return self._result()
         except BaseException as exc:
             # Ctrl-C, a fatal LM error or a broken metric: keep what was paid for before the error propagates.
+            self._end_session("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
             self.recorder.end(state, exc)
             raise
         finally:
@@ -170,25 +183,59 @@ class OPRORun:
             self.recorder.close()
             self.progress.close()
 
+    def plan(self) -> RunPlan:
+        """The run's plan in LM calls (the same as ``OPROTeleprompter.estimate`` returns)."""
+        return plan_run(self.config, self.models, self.data, self.selection,
+                        initial=initial_count(self.config, self.base, self.data), ignores_n=self.ignores_n)
+
     def _announce(self) -> None:
-        config, n_train, n_val = self.config, len(self.data.trainset), len(self.data.valset)
-        planned = n_train * (1 + config.num_steps * config.num_candidates)
-        planned += n_train * sum(c.step == -1 and c.predictor is not None and c.status != CandidateStatus.SKIPPED
-                                 for c in self.state.candidates)  # initial instructions
-        planned += self.selection.planned_evaluations(n_val)
-        if config.max_metric_calls is not None:
-            planned = min(planned, config.max_metric_calls)
-        requests = config.num_steps * (1 if honours_n(self.models.prompt, self.ignores_n) else config.num_candidates)
-        logger.info(
-            "OPRO: %d steps x %d candidates over %d training examples, predictors %s; at most %d evaluations planned "
-            "(%d optimizer requests)", config.num_steps, config.num_candidates, n_train, self.data.targets, planned,
-            requests)
+        config, n_train = self.config, len(self.data.trainset)
+        logger.info("OPRO: %d steps x %d candidates over %d training examples, predictors %s", config.num_steps,
+                    config.num_candidates, n_train, self.data.targets)
+        logger.info(self.plan().describe())
+        if self.state.metric_calls:
+            logger.info("OPRO resumes: %d evaluations and %d steps are already in the record",
+                        self.state.metric_calls, len(self.state.steps))
+        self._log_selection()
         if config.max_cost is not None:
             for role, lm in (("optimizer", self.models.prompt), ("task", self.models.task)):
                 if token_prices(getattr(lm, "model", "")) is None:
                     warnings.warn(f"max_cost=${config.max_cost:g}: the {role} model {lm.model!r} has no known price, "
                                   "so its calls count as $0 and the cost is reported as unknown",
                                   stacklevel=user_stacklevel())
+
+    def _log_selection(self) -> None:
+        select, has_valset = self.config.select, bool(self.data.valset)
+        if self.selection.uses_valset and has_valset:
+            why = " (select='auto' with a valset; select='train' is the paper's setting)" if select == "auto" else ""
+            logger.info("OPRO selects on the valset (%d examples)%s", len(self.data.valset), why)
+        elif select == "auto" and not has_valset:
+            logger.info("OPRO selects on training (the paper's setting): no valset was given")
+        elif has_valset and not self.selection.uses_valset:
+            logger.info("OPRO selects on training (select=%r): the valset of %d examples is not used", select,
+                        len(self.data.valset))
+
+    def _log_cost_estimate(self) -> None:
+        """After step -1: the plan's cost, from the task tokens measured per evaluation so far."""
+        task, calls = self.state.usage.task, self.state.metric_calls
+        if not calls:
+            return
+        plan = self.plan().with_cost(prompt_tokens=task.prompt_tokens / calls,
+                                     completion_tokens=task.completion_tokens / calls,
+                                     measured=f"measured on {calls} evaluations of step -1")
+        logger.info(plan.describe_cost())
+
+    @contextlib.contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        """Time a phase in the record; one the run stops inside keeps no end."""
+        phase = Phase(name=name, started_at=time.time())
+        self.state.phases.append(phase)
+        yield
+        phase.ended_at = time.time()
+
+    def _end_session(self, end: str) -> None:
+        if self.state.sessions and self.state.sessions[-1].ended_at is None:
+            self.state.sessions[-1].ended_at, self.state.sessions[-1].end = time.time(), end
 
     def _check_budget(self) -> bool:
         reason = self.budget.exhausted()
@@ -282,13 +329,15 @@ class OPRORun:
                 score_threshold=config.score_threshold, max_num_instructions=config.max_num_instructions,
                 num_score_buckets=config.num_score_buckets, task_description=config.task_description)
             logger.info("Step %d: optimizing %r with exemplars %s", step, predictor, exemplar_indices)
-            proposals = propose(self.models.prompt, meta_prompt, num_candidates=config.num_candidates, step=step,
-                                seed=config.seed, temperature=config.temperature, max_tokens=config.max_tokens,
-                                num_threads=self.num_threads, ignores_n=self.ignores_n)
+            started = time.time()
+            with self._phase(f"step {step} proposals"):
+                proposals = propose(self.models.prompt, meta_prompt, num_candidates=config.num_candidates, step=step,
+                                    seed=config.seed, temperature=config.temperature, max_tokens=config.max_tokens,
+                                    num_threads=self.num_threads, ignores_n=self.ignores_n)
             self._record_usage("optimizer", proposals.usage)
             record = Step(step=step, predictor=predictor, exemplar_indices=exemplar_indices, meta_prompt=meta_prompt,
                           temperature=config.temperature, failed_calls=proposals.failed_calls,
-                          errors=proposals.errors)
+                          errors=proposals.errors, started_at=started)
             if config.racing:  # the best at the start of the step, fixed for the step (and for its resumption)
                 record.race_against = (state.best() or state.candidates[START_ID]).id
             self._triage(record, proposals.replies)
@@ -300,10 +349,13 @@ class OPRORun:
         logger.info("Step %d: %d replies, %d new, %d duplicates, %d skipped, %d failed calls", step, len(fates),
                     fates.count("new"), fates.count("duplicate"),
                     len(fates) - fates.count("new") - fates.count("duplicate"), record.failed_calls)
-        self._score(new, "train", baseline=self._baseline(record))
+        with self._phase(f"step {step} scoring"):
+            self._score(new, "train", baseline=self._baseline(record))
         best = state.best()
         record.best_score = best.score if best is not None else None
         record.complete = state.status != "stopped"
+        if record.complete:
+            record.ended_at = time.time()
         self._save()
         self.recorder.write_step_report(state, step)
         if best is not None:
@@ -394,18 +446,46 @@ class OPRORun:
                                f"{self._describe_failure(result)}. Check its API key (or environment variable), "
                                "permissions, billing and model name.")
         state.metric_calls += 1  # the one count of evaluations that ran (a fatal one did not)
-        if result.outcome == "metric_error":
-            raise MetricError(f"the metric failed on {self._describe_failure(result)}. Fix the metric: it must "
-                              "return a float in [0, 1], a bool, or dspy.Prediction(score=..., feedback=...).")
+        if result.outcome == "not_a_prediction":
+            name = type(self.base).__name__
+            raise ProgramError(
+                f"the program {name} {result.error} on {self._describe_failure(result, error=False)}, not a "
+                f"dspy.Prediction: no instruction can fix that. Make {name}.forward return the prediction of its "
+                "last predictor (e.g. `return self.predict(question=question)`) or dspy.Prediction(answer=...).")
+        if result.counted:
+            self._count_error(result)
         self.progress.advance()
         if result.anchor is not None and self.anchored is not None:
             state.anchors[f"{result.split}:{result.index}"] = result.anchor
             self.anchored.add_anchor(self.data.examples(_split(result.split))[result.index], result.anchor)
-        self.recorder.journal(candidate, index=result.index, split=result.split, outcome=result.outcome,
-                              score=result.score, error=result.error, answer=result.answer, usage=result.usage,
+        # A tolerated metric error is recorded as a program error is: it scored failure_score, the error is kept.
+        outcome = "failed" if result.outcome == "metric_error" else result.outcome
+        error = f"metric: {result.error}" if result.outcome == "metric_error" else result.error
+        self.recorder.journal(candidate, index=result.index, split=result.split, outcome=outcome,
+                              score=result.score, error=error, answer=result.answer, usage=result.usage,
                               anchor=result.anchor)
-        record_result(candidate, index=result.index, split=result.split, outcome=result.outcome, score=result.score,
-                      error=result.error, answer=result.answer)
+        record_result(candidate, index=result.index, split=result.split, outcome=outcome, score=result.score,
+                      error=error, answer=result.answer)
+
+    def _count_error(self, result: ExampleResult) -> None:
+        """One error ``max_errors`` counts: logged and recorded; past the limit the run stops (``execute`` saves)."""
+        state, limit = self.state, self.config.max_errors
+        self.errors_this_compile += 1
+        state.tolerated_errors += 1
+        where = "metric" if result.outcome == "metric_error" else "program"
+        if limit is not None and self.errors_this_compile > limit:
+            state.tolerated_errors -= 1  # this one is not tolerated: it stops the run
+            if where == "metric":
+                raise MetricError(
+                    f"the metric failed on {self._describe_failure(result)}, error {self.errors_this_compile} of this "
+                    f"compile, more than max_errors={limit}. Fix the metric: it must return a float in [0, 1], a bool, "
+                    "or dspy.Prediction(score=..., feedback=...); then compile again with the same log_dir.")
+            raise ProgramError(
+                f"the program raised on {self._describe_failure(result)}, error {self.errors_this_compile} of this "
+                f"compile, more than max_errors={limit}. Fix the program (call it on that example to see the "
+                "traceback), or raise max_errors; then compile again with the same log_dir.")
+        logger.warning("Tolerated %s error %d of max_errors=%s (scored failure_score=%g) on %s", where,
+                       self.errors_this_compile, limit, self.config.failure_score, self._describe_failure(result))
 
     def _record_outcome(self, outcome: CandidateOutcome) -> None:
         """A candidate whose scoring on a split ended: its status and mean, or why it has none."""
@@ -435,13 +515,14 @@ class OPRORun:
             return "judge model", getattr(judge, "model", repr(judge))
         return "model inside the metric", result.model or "unknown"
 
-    def _describe_failure(self, result: ExampleResult) -> str:
-        """A one-line description of a stopping failure that names the example."""
+    def _describe_failure(self, result: ExampleResult, *, error: bool = True) -> str:
+        """A one-line description of a stopping failure that names the example (and the error)."""
         example = self.data.examples(_split(result.split))[result.index]
         shown = repr({key: example[key] for key in example.inputs().keys()})
         if len(shown) > 200:
             shown = shown[:200] + "..."
-        return f"training/validation example {result.index} ({shown}): {result.error}"
+        split = "training" if result.split == "train" else "validation"
+        return f"{split} example {result.index} ({shown})" + (f": {result.error}" if error else "")
 
     def _warn_program_errors(self, candidate: Candidate, split: Split) -> None:
         """One WARNING per candidate and split whose program raised: how often, and the first error."""

@@ -27,9 +27,13 @@ Example:
 from __future__ import annotations
 
 import concurrent.futures as cf
+import difflib
+import functools
+import inspect
 import os
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Literal, ParamSpec, TypeVar
 
 import dspy
 from dspy.teleprompt import Teleprompter
@@ -37,6 +41,36 @@ from dspy.teleprompt import Teleprompter
 from dspy_opro.compat import logging_through_dspy
 from dspy_opro.config import ExemplarSelection, OPROConfig
 from dspy_opro.extensions import HardDiverse, Racing, ValGate
+from dspy_opro.plan import RunPlan
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def unknown_keyword_error(function: str, unknown: str, known: Iterable[str]) -> TypeError:
+    """The ``TypeError`` of a mistyped keyword, suggesting the closest known name (``num_step`` -> ``num_steps``)."""
+    close = difflib.get_close_matches(unknown, list(known), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; the known arguments are {sorted(known)}"
+    return TypeError(f"{function} got an unexpected keyword argument {unknown!r}{hint}")
+
+
+def suggest_keywords(method: Callable[P, R]) -> Callable[P, R]:
+    """Turn Python's bare "unexpected keyword argument" into an error that names the closest known argument."""
+    parameters = inspect.signature(method).parameters
+    known = [name for name, p in parameters.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    known = [name for name in known if name != "self"]
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in parameters.values())
+    owner = method.__qualname__.replace(".__init__", "")
+
+    @functools.wraps(method)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+        if not takes_any:
+            for name in kwargs:
+                if name not in known:
+                    raise unknown_keyword_error(f"{owner}()", name, known)
+        return method(*args, **kwargs)
+
+    return checked
 
 
 class OPROTeleprompter(Teleprompter):
@@ -84,8 +118,9 @@ class OPROTeleprompter(Teleprompter):
 
         predictors: Names (as in ``program.named_predictors()``) of the predictors to optimize; None: all.
 
-        select: ``"train"`` returns the best training score (the paper); ``"validation"`` scores the ``top_k`` best on
-            training on the valset and returns the best validation mean.
+        select: ``"train"`` returns the best training score (the paper's setting); ``"validation"`` scores the ``top_k``
+            best on training on the valset and returns the best validation mean; ``"auto"`` is ``"validation"`` when
+            ``compile`` gets a valset and ``"train"`` otherwise (as MIPROv2 and GEPA use a valset); the log says which.
         top_k: Candidates scored on the valset by ``select="validation"`` and ``val_gate``.
         val_gate: Return the best candidate only if it beats the starting program on the valset (``True``, or
             ``ValGate(min_delta=...)`` to ask for a margin, in [0, 1]: 0, the default, asks for strictly better);
@@ -104,6 +139,12 @@ class OPROTeleprompter(Teleprompter):
         executor: A ``concurrent.futures.Executor`` to run evaluations on instead of threads (for example
             ``distributed.Client(...).get_executor()``).
         failure_score: The score of a run whose program raised (other than an infrastructure failure).
+        max_errors: How many errors one ``compile`` tolerates before it stops (as in ``dspy.Evaluate`` and MIPROv2,
+            whose default, 10, it keeps): exceptions of the metric and of the program, except a task model's answer DSPy
+            could not parse (the instruction's doing, scored ``failure_score`` like any wrong answer). A tolerated error
+            scores ``failure_score`` and is logged and recorded; the next one stops the run with everything kept. 10
+            lets a rare bad example (a missing label, an odd input) cost one score instead of a paid run, while a
+            systematic bug stops within a few evaluations; 0 stops at the first; None: no limit.
 
         log_dir: Folder for the run record (``state.json``), step reports and the final report; compiling again with the
             same folder resumes the run.
@@ -113,6 +154,7 @@ class OPROTeleprompter(Teleprompter):
             notebook; output to a file or pipe shows none either way.
     """
 
+    @suggest_keywords
     def __init__(
         self,
         metric: Callable[..., Any],
@@ -143,7 +185,7 @@ class OPROTeleprompter(Teleprompter):
         # targets
         predictors: Sequence[str] | None = None,
         # final selection
-        select: Literal["train", "validation"] = "train",
+        select: Literal["auto", "train", "validation"] = "auto",
         top_k: int = 3,
         val_gate: bool | ValGate = False,
         # budget
@@ -154,6 +196,7 @@ class OPROTeleprompter(Teleprompter):
         num_threads: int | None = None,
         executor: cf.Executor | None = None,
         failure_score: float = 0.0,
+        max_errors: int | None = 10,
         # record
         log_dir: str | os.PathLike[str] | None = None,
         seed: int = 0,
@@ -171,7 +214,7 @@ class OPROTeleprompter(Teleprompter):
             max_instruction_chars=max_instruction_chars, temperature=temperature, max_tokens=max_tokens,
             predictors=predictors, select=select, top_k=top_k, val_gate=val_gate,
             max_metric_calls=max_metric_calls, max_cost=max_cost, racing=racing, num_threads=num_threads,
-            executor=executor, failure_score=failure_score, log_dir=log_dir, seed=seed,
+            executor=executor, failure_score=failure_score, max_errors=max_errors, log_dir=log_dir, seed=seed,
             display_progress=display_progress,
         )
         self.metric = metric  # as every DSPy teleprompter exposes it
@@ -202,11 +245,50 @@ class OPROTeleprompter(Teleprompter):
         if teacher is not None:
             raise ValueError("OPRO optimizes instructions only and takes no teacher; call compile(..., teacher=None)")
         if kwargs:
-            raise TypeError(f"compile() got unexpected arguments {sorted(kwargs)}; OPRO takes trainset and valset")
+            raise unknown_keyword_error("compile()", sorted(kwargs)[0], ["student", "trainset", "teacher", "valset"])
         from dspy_opro.run import OPRORun  # here, not at the top: ``import dspy_opro`` stays cheap
 
         with logging_through_dspy("dspy_opro"):
             return OPRORun(self.config, student, trainset, valset).execute()
+
+
+    @suggest_keywords
+    def estimate(
+        self,
+        student: dspy.Module,
+        trainset: Sequence[dspy.Example],
+        valset: Sequence[dspy.Example] | None = None,
+        *,
+        tokens_per_evaluation: tuple[int, int] | None = None,
+    ) -> RunPlan:
+        """The plan ``compile`` would log, in LM calls and (where it can tell) dollars, without any LM call.
+
+        The program and the data are checked as ``compile`` checks them, so a mistake fails here for free.
+
+        Args:
+            student: The program to optimize.
+            trainset: The training examples.
+            valset: The validation examples, if any (``select="auto"`` then selects on them).
+            tokens_per_evaluation: ``(prompt, completion)`` task-model tokens of one program run with its metric,
+                for a cost estimate; None: no cost (``compile`` logs one measured on step -1's first evaluations).
+
+        Returns:
+            The :class:`~dspy_opro.plan.RunPlan`: optimizer requests, evaluations, and the cost with its assumption.
+        """
+        from dspy_opro.plan import initial_count, plan_run
+        from dspy_opro.task.data import RunData
+
+        config = self.config
+        data = RunData.build(student, trainset, valset, predictors=config.predictors, label_free=config.label_free,
+                             valset_needed_by=config.valset_needed_by, num_exemplars=config.num_exemplars,
+                             max_metric_calls=config.max_metric_calls)
+        plan = plan_run(config, config.resolve_models(), data, config.selection_policy(has_valset=bool(data.valset)),
+                        initial=initial_count(config, student, data))
+        if tokens_per_evaluation is None:
+            return replace(plan, cost_assumption="pass tokens_per_evaluation=(prompt, completion) to estimate it; "
+                                                 "compile logs one measured on step -1")
+        prompt, completion = tokens_per_evaluation
+        return plan.with_cost(prompt_tokens=prompt, completion_tokens=completion, measured="stated")
 
 
 OPRO = OPROTeleprompter

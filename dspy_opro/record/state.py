@@ -254,6 +254,32 @@ class Step(BaseModel):
     """The best training score of the run after this step."""
     race_against: int | None = None
     """`racing=True`: the best candidate at the start of the step, which the step's candidates race."""
+    started_at: float | None = None
+    """When the step began (seconds since the epoch, UTC), as its optimizer calls were sent."""
+    ended_at: float | None = None
+    """When its last candidate was scored; None while it runs or when it was cut short."""
+
+
+class Session(BaseModel):
+    """One ``compile`` of the run: the first, then each resumption."""
+
+    started_at: float
+    """When the compile began (seconds since the epoch, UTC)."""
+    ended_at: float | None = None
+    """When it ended; None if the process died (``kill -9``, a crash) before it could say."""
+    end: str | None = None
+    """How it ended: the run's status then (`"finished"`, `"stopped"`, `"interrupted"`, `"failed"`)."""
+
+
+class Phase(BaseModel):
+    """One stretch of a run's work, timed: step -1's scoring, a step's optimizer calls or its scoring, validation."""
+
+    name: str
+    """What it was (`"step -1 scoring"`, `"step 3 proposals"`, `"step 3 scoring"`, `"validation"`)."""
+    started_at: float
+    """When it began (seconds since the epoch, UTC)."""
+    ended_at: float | None = None
+    """When it ended; None when the run stopped inside it."""
 
 
 class Selection(BaseModel):
@@ -323,6 +349,13 @@ class RunState(BaseModel):
     """Label-free OPRO: the starting program's trajectory on each example (`"split:index"`), judged against."""
     selection: Selection | None = None
     """How the returned candidate was chosen; `None` until the search ends."""
+    tolerated_errors: int = 0
+    """Metric and program errors that `max_errors` counted and the run went on after (each scored `failure_score`
+    and is in its candidate's `errors`)."""
+    sessions: list[Session] = Field(default_factory=list)
+    """Every compile of the run, in order: a resumption opens a new one; one without an end was killed."""
+    phases: list[Phase] = Field(default_factory=list)
+    """Every timed phase, in order."""
 
     def scored(self) -> list[Candidate]:
         """The candidates scored on every training example."""

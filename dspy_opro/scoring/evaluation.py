@@ -11,8 +11,14 @@ threads. :func:`run_example` never raises; its outcome says what went wrong (:mo
 * ``infra``: an LM transport or provider failure (rate limit, server error, timeout, connection), or a worker that
   died; retried once, then the example has no score and its candidate is recorded ``unscored``;
 * ``fatal``: authentication, billing or configuration errors; the run stops;
-* ``metric_error``: the metric raised or returned None, NaN or a value outside [0, 1]; the run stops and the error
-  names the example.
+* ``metric_error``: the metric raised or returned None, NaN or a value outside [0, 1]; it scores ``failure_score``,
+  and the run stops once more than ``max_errors`` such errors (and program errors) came, naming the example;
+* ``not_a_prediction``: the program returned None or something else than a ``dspy.Prediction``: a bug of the
+  program's ``forward`` (a missing ``return``), which no instruction can fix; the run stops.
+
+``counted`` marks the errors ``max_errors`` counts: the metric's, and the program's own exceptions except an answer
+the task model formatted so that DSPy could not parse it (that is the instruction's doing, part of what OPRO
+scores) or a prompt too long for the model.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import dspy
 
+from dspy_opro.compat import AdapterParseError, ContextWindowExceededError
 from dspy_opro.errors import EmptyResponseError, classify_exception, clean_text, describe_exception
 from dspy_opro.record.state import ModelUsage
 from dspy_opro.scoring.usage import UsageCapture
@@ -34,7 +41,7 @@ from dspy_opro.task.data import NO_REFERENCE_NOTE, render_fields
 
 logger = logging.getLogger(__name__)
 
-Outcome = Literal["ok", "failed", "infra", "fatal", "metric_error"]
+Outcome = Literal["ok", "failed", "infra", "fatal", "metric_error", "not_a_prediction"]
 
 
 @runtime_checkable
@@ -120,6 +127,20 @@ def metric_feedback(value: Any) -> str | None:
     return feedback if isinstance(feedback, str) and feedback.strip() else None
 
 
+def describe_value(value: Any, limit: int = 80) -> str:
+    """What a program returned, for an error message: ``None``, or its type and a short repr."""
+    if value is None:
+        return "None"
+    shown = repr(value)
+    return f"a {type(value).__name__} ({shown[:limit] + '...' if len(shown) > limit else shown})"
+
+
+def counts_as_error(exc: BaseException) -> bool:
+    """Whether ``max_errors`` counts a program exception: not when the model's answer could not be parsed or the
+    prompt did not fit (both follow from the instruction, and OPRO scores them ``failure_score``)."""
+    return not isinstance(exc, AdapterParseError | ContextWindowExceededError)
+
+
 def exemplar_answer(prediction: Any, score: float | None, feedback: str | None, label_keys: list[str]) -> str:
     """The answer shown for an example without usable labels (see :mod:`dspy_opro.proposing.exemplars`).
 
@@ -174,6 +195,7 @@ class ExampleResult:
     stage: Literal["program", "metric"] = "program"  # where the error (if any) was raised
     model: str | None = None  # the model a fatal or infra error names, when the error says
     anchor: str | None = None  # label-free OPRO: the starting program's run, rendered, that candidates are judged by
+    counted: bool = False  # an error max_errors counts (the metric's, or the program's own but for a parse failure)
 
 
 # How long a failed evaluation waits for LM calls its program started on other threads and left running: they
@@ -216,7 +238,11 @@ def run_example(job: ExampleJob, *, transport_retries: int = 1) -> ExampleResult
             return ExampleResult(job.candidate_id, job.index, kind, score=score, error=describe_exception(exc),
                                  answer=answer, usage=capture.result(settle=SETTLE_SECONDS), split=job.split,
                                  trace=trace if job.keep_trace and job.metric is None else None,
-                                 model=getattr(exc, "model", None))
+                                 model=getattr(exc, "model", None),
+                                 counted=kind == "failed" and counts_as_error(exc))
+    if program_error is None and not isinstance(prediction, dspy.Prediction):
+        return ExampleResult(job.candidate_id, job.index, "not_a_prediction",
+                             error=f"returned {describe_value(prediction)}", usage=capture.result(), split=job.split)
     if job.metric is None:
         return ExampleResult(job.candidate_id, job.index, "ok", usage=capture.result(), split=job.split,
                              prediction=prediction, trace=trace if job.keep_trace else None)
@@ -237,9 +263,11 @@ def run_example(job: ExampleJob, *, transport_retries: int = 1) -> ExampleResult
                 logger.debug("Retrying the metric on example %d after %s", job.index, describe_exception(exc))
                 continue
             outcome: Outcome = kind if kind in ("infra", "fatal") else "metric_error"
+            # A tolerated metric error scores failure_score, so that its candidate is complete (max_errors).
             return ExampleResult(job.candidate_id, job.index, outcome, error=describe_exception(exc),
+                                 score=job.failure_score if outcome == "metric_error" else None,
                                  usage=capture.result(settle=SETTLE_SECONDS), split=job.split, stage="metric",
-                                 model=getattr(exc, "model", None))
+                                 model=getattr(exc, "model", None), counted=outcome == "metric_error")
     answer = None
     if job.answer_fields is not None:
         shown = None if program_error else prediction
@@ -258,6 +286,8 @@ __all__ = [
     "ExampleResult",
     "Outcome",
     "coerce_score",
+    "counts_as_error",
+    "describe_value",
     "exemplar_answer",
     "metric_feedback",
     "metric_takes_trace",

@@ -1,15 +1,18 @@
 """The examples of one run: checked once at ``compile``, with what each one can show in a meta-prompt.
 
-:meth:`RunData.build` refuses what cannot work before any LM call: examples that are not ``dspy.Example`` or have no
-inputs, an empty trainset, a program without predictors, unknown target predictors, a missing valset where the
-configuration needs one, more exemplars than training examples, and a budget too small to score the program as
-given. What the run then asks of the data per example (its label fields for a predictor, whether its runs must
-record an exemplar answer, its question as the meta-prompt shows it) is computed here once, not per evaluation.
+:meth:`RunData.build` refuses what cannot work before any LM call: a program class instead of a program, a trainset
+that is None or not a list, examples that are not ``dspy.Example`` (a dict names the conversion) or have no inputs,
+input keys the program does not take (both sets named), an empty trainset, a program without predictors, unknown
+target predictors, a missing valset where the configuration needs one, more exemplars than training examples, and a
+budget too small to score the program as given. What the run then asks of the data per example (its label fields
+for a predictor, whether its runs must record an exemplar answer, its question as the meta-prompt shows it) is
+computed here once, not per evaluation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,18 +23,84 @@ from dspy_opro.record.state import Split
 from dspy_opro.task.programs import output_fields, predictor_map
 
 
-def check_examples(name: str, examples: Sequence[Any]) -> list[dspy.Example]:
-    """The examples as a list, or an error naming the first one that is not a ``dspy.Example`` with inputs."""
+def check_examples(name: str, examples: Any) -> list[dspy.Example]:
+    """The examples as a list, or an error naming the argument, the first bad example and the fix."""
+    if examples is None:
+        raise TypeError(f"{name} is None; pass {name}=[dspy.Example(question=..., answer=...).with_inputs('question'), "
+                        "...] (a list of dspy.Example with their inputs set)")
+    if isinstance(examples, str | bytes | dict | dspy.Example) or not isinstance(examples, Iterable):
+        raise TypeError(f"{name} must be a list of dspy.Example; got a {type(examples).__name__}: pass "
+                        f"{name}=[dspy.Example(...).with_inputs(...), ...]")
     examples = list(examples)
     for position, example in enumerate(examples):
+        if isinstance(example, dict):
+            keys = ", ".join(repr(key) for key in example)
+            raise TypeError(
+                f"{name}[{position}] is a dict, not a dspy.Example; convert each row with "
+                f"dspy.Example(**row).with_inputs(...), naming its input keys among {keys}"
+            )
         if not isinstance(example, dspy.Example):
-            raise TypeError(f"{name}[{position}] is a {type(example).__name__}, not a dspy.Example")
+            raise TypeError(f"{name}[{position}] is a {type(example).__name__}, not a dspy.Example; build it with "
+                            "dspy.Example(question=..., answer=...).with_inputs('question')")
         if not input_keys(example):
             raise ValueError(
                 f"{name}[{position}] has no input fields set; build examples with "
                 "dspy.Example(...).with_inputs('question', ...)"
             )
     return examples
+
+
+def check_program(program: Any) -> dspy.Module:
+    """The program, or an error that says what was passed instead and how to pass a program."""
+    if isinstance(program, type) and issubclass(program, dspy.Module):
+        raise TypeError(f"compile() got the class {program.__name__}, not a program; pass an instance: "
+                        f"compile({program.__name__}(...), trainset=...)")
+    if not isinstance(program, dspy.Module):
+        raise TypeError(f"compile() needs a dspy.Module to optimize; got {type(program).__name__}")
+    return program
+
+
+def program_inputs(program: dspy.Module) -> tuple[set[str], set[str]] | None:
+    """The input keys ``program(**inputs)`` requires and the ones it accepts; None when it cannot be told.
+
+    A ``forward`` with named parameters says it; a predictor (``dspy.Predict``, ``dspy.ReAct``) or a module whose
+    ``forward`` takes ``**kwargs`` around one predictor (``dspy.ChainOfThought``) takes its signature's inputs. A
+    ``forward(**kwargs)`` over several predictors can route the keys anywhere, so it is not checked.
+    """
+    try:
+        parameters = list(inspect.signature(program.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_KEYWORD for p in parameters):
+        signature = getattr(program, "signature", None)
+        if signature is None:
+            predictors = list(predictor_map(program).values())
+            signature = getattr(predictors[0], "signature", None) if len(predictors) == 1 else None
+        fields = getattr(signature, "input_fields", None)
+        if not isinstance(fields, dict):
+            return None
+        return set(fields), set(fields)
+    named = [p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return {p.name for p in named if p.default is p.empty}, {p.name for p in named}
+
+
+def check_inputs_match(program: dspy.Module, name: str, examples: Sequence[dspy.Example]) -> None:
+    """Refuse examples whose input keys the program does not take (every candidate would score 0)."""
+    taken = program_inputs(program)
+    if taken is None:
+        return
+    required, accepted = taken
+    for position, example in enumerate(examples):
+        keys = set(input_keys(example))
+        if required <= keys and keys <= accepted:
+            continue
+        program_name = type(program).__name__
+        raise ValueError(
+            f"{name}[{position}]'s input keys {sorted(keys)} do not match the inputs of the program "
+            f"{program_name}, {sorted(accepted)}: it would be called as {program_name}(**example.inputs()) and "
+            f"fail on every example. Build the examples with .with_inputs({', '.join(map(repr, sorted(required)))})"
+            " or rename the program's inputs"
+        )
 
 
 NO_REFERENCE_NOTE = "(no reference answer available)"
@@ -73,10 +142,9 @@ class RunData:
             num_exemplars: Problems per meta-prompt.
             max_metric_calls: The evaluation budget, if any.
         """
-        if not isinstance(program, dspy.Module):
-            raise TypeError(f"compile() needs a dspy.Module to optimize; got {type(program).__name__}")
+        check_program(program)
         train = check_examples("trainset", trainset)
-        val = check_examples("valset", valset or [])
+        val = check_examples("valset", valset) if valset is not None else []
         if not train:
             raise ValueError("trainset is empty; OPRO scores every instruction on the training examples")
         all_predictors = list(predictor_map(program))
@@ -94,6 +162,8 @@ class RunData:
                 f"max_metric_calls={max_metric_calls} cannot even score the program as given on the "
                 f"{len(train)} training examples; raise it or use a smaller trainset"
             )
+        check_inputs_match(program, "trainset", train)
+        check_inputs_match(program, "valset", val)
         targets = list(predictors or all_predictors)
         data = cls(trainset=train, valset=val, targets=targets, label_free=label_free,
                    output_fields={name: output_fields(program, name) for name in targets},
@@ -124,4 +194,12 @@ class RunData:
         return render_fields(dict(self.trainset[index].inputs().items()))
 
 
-__all__ = ["NO_REFERENCE_NOTE", "RunData", "check_examples", "render_fields"]
+__all__ = [
+    "NO_REFERENCE_NOTE",
+    "RunData",
+    "check_examples",
+    "check_inputs_match",
+    "check_program",
+    "program_inputs",
+    "render_fields",
+]
