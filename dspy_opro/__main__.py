@@ -4,8 +4,10 @@
     python -m dspy_opro --version
 
 ``report`` rebuilds ``LOG_DIR/report.md`` and, with matplotlib installed, ``LOG_DIR/trajectory.png`` from
-``LOG_DIR/state.json`` (a finished, stopped or still running OPRO run) and prints the paths written. A missing
-or unreadable state file is reported on stderr with exit status 2. ``--version`` prints the package version.
+``LOG_DIR/state.json`` (a finished, stopped or still running OPRO run) and prints the paths written. A record that
+says ``running`` while no process holds the run's lock was left by a process that died (``kill -9``, a crash): the
+report says the run stopped without finishing and how to resume. A missing or unreadable state file is reported on
+stderr with exit status 2. ``--version`` prints the package version.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from dspy_opro import __version__
 from dspy_opro.errors import StateFileError
-from dspy_opro.record.files import STATE_FILE, load_state
+from dspy_opro.record.files import LOCK_FILE, STATE_FILE, load_state, lock_is_held
 from dspy_opro.record.report import PLOT_INSTALL_HINT, TRAJECTORY_FILE, write_run_report
 
 EXIT_OK = 0
@@ -61,6 +63,12 @@ def _report(args: argparse.Namespace) -> int:
     except StateFileError as exc:
         _error(str(exc))
         return EXIT_USAGE
+    if state.status == "running" and lock_is_held(log_dir) is False:
+        # The record cannot say so itself: its process died before it could write an end.
+        state = state.model_copy(update={"status": "interrupted", "stop_reason": (
+            f"the process stopped without finishing (killed or crashed: no process holds {LOCK_FILE})")})
+        print(f"note: the run in {log_dir} stopped without finishing; compile again with the same log_dir to resume",
+              file=sys.stderr)
     try:
         written = write_run_report(state, log_dir, plot=not args.no_plot)
     except OSError as exc:

@@ -52,13 +52,20 @@ def test_budgets_and_num_steps_stay_out_of_the_fingerprint():
 
 def test_the_valset_counts_only_where_the_run_uses_it():
     trainset, valset, program = toy_dataset(3), toy_dataset(2), dspy.Predict("question -> answer")
-    unused = OPROConfig(metric=toy_metric).fingerprint(models(), ["predict"], trainset=trainset, valset=valset,
-                                                       program=program)
+    unused = OPROConfig(metric=toy_metric, select="train").fingerprint(models(), ["predict"], trainset=trainset,
+                                                                       valset=valset, program=program)
     used = OPROConfig(metric=toy_metric, select="validation").fingerprint(models(), ["predict"], trainset=trainset,
                                                                           valset=valset, program=program)
     assert unused.valset == OPROConfig(metric=toy_metric).fingerprint(
         models(), ["predict"], trainset=trainset, valset=[], program=program).valset
     assert used.valset != unused.valset
+    # select="auto" (the default) is select="validation" with a valset and select="train" without one, fingerprint
+    # and all: a run resumes under the explicit setting it amounts to.
+    auto = OPROConfig(metric=toy_metric)
+    assert auto.fingerprint(models(), ["predict"], trainset=trainset, valset=valset, program=program) == used
+    assert auto.fingerprint(models(), ["predict"], trainset=trainset, valset=[], program=program) == \
+        OPROConfig(metric=toy_metric, select="train").fingerprint(models(), ["predict"], trainset=trainset,
+                                                                  valset=[], program=program)
 
 
 def test_resolve_models_turns_strings_into_litellm_lms_and_falls_back_to_settings():

@@ -35,7 +35,7 @@ def lm():
         ({"max_instruction_chars": 0}, ValueError, "max_instruction_chars must be an int >= 1"),
         ({"temperature": -0.5}, ValueError, "temperature must be a number"),
         ({"predictors": "self"}, TypeError, "predictors must be a non-empty list"),
-        ({"select": "test"}, ValueError, "select must be one of 'train', 'validation'"),
+        ({"select": "test"}, ValueError, "select must be one of 'auto', 'train', 'validation'"),
         ({"top_k": 0}, ValueError, "top_k must be an int >= 1"),
         ({"max_metric_calls": 0}, ValueError, "max_metric_calls must be an int >= 1"),
         ({"max_cost": -1.0}, ValueError, "max_cost must be a number"),

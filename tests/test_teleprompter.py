@@ -101,9 +101,9 @@ def test_validation_selection_and_validation_never_in_meta_prompt():
     assert len(texts) == 4 and all("item " in text and "val " not in text for text in texts)
 
 
-def test_select_train_is_the_paper_default():
+def test_select_train_is_the_paper_setting_one_argument_away():
     replies = ["<INS>Overfit better better better better better.</INS>", "<INS>Better better.</INS>"]
-    compiled, *_ = run(replies, valset=toy_dataset(4, prefix="val"), num_steps=1, num_candidates=2)
+    compiled, *_ = run(replies, valset=toy_dataset(4, prefix="val"), num_steps=1, num_candidates=2, select="train")
     assert compiled.signature.instructions == "Overfit better better better better better."
     assert compiled.opro_run.selection.selected_by == "train"
 
@@ -162,8 +162,8 @@ def test_program_exceptions_score_failure_score():
     ],
 )
 def test_broken_metric_stops_with_the_example_named(metric, message):
-    with pytest.raises(MetricError, match=rf"example 0 \(\{{'question': 'item 0'\}}\).*{message}"):
-        run(["<INS>Better.</INS>"], metric=metric, num_steps=1, num_candidates=1)
+    with pytest.raises(MetricError, match=rf"example 0 \(\{{'question': 'item 0'\}}\).*{message}.*max_errors=0"):
+        run(["<INS>Better.</INS>"], metric=metric, num_steps=1, num_candidates=1, max_errors=0)
 
 
 def test_metric_returning_prediction_and_bool():

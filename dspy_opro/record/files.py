@@ -210,6 +210,28 @@ class LogDirLock:
             self._handle = None
 
 
+def lock_is_held(log_dir: str | os.PathLike[str]) -> bool | None:
+    """Whether a process holds ``log_dir``'s run lock now (a run is alive there); None where it cannot be told.
+
+    A record whose status is ``running`` with no process holding the lock was left by a process that died
+    (``kill -9``, a crash, a power cut): the OS released its lock.
+    """
+    path = Path(log_dir) / LOCK_FILE
+    if not path.exists():
+        return False
+    try:
+        import fcntl
+    except ImportError:  # no fcntl (Windows): no lock to ask
+        return None
+    with open(path, "a+b") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    return False
+
+
 class ProgressJournal:
     """Append-only log of finished (candidate, example) evaluations between two snapshots of ``state.json``.
 
@@ -284,5 +306,6 @@ __all__ = [
     "check_log_dir_is_folder",
     "check_log_dir_writable",
     "load_state",
+    "lock_is_held",
     "save_state",
 ]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ __all__ = [
     "render_run_report",
     "render_step_report",
     "step_dir",
+    "timeline_section",
     "trajectory_rows",
     "write_run_report",
     "write_step_files",
@@ -372,11 +374,60 @@ def render_run_report(state: RunState) -> str:
     lines += _program_errors_section(state.candidates)
 
     lines += ["", "## Usage and cost", "", format_usage(state.usage)]
+    if state.tolerated_errors:
+        lines += ["", f"Errors tolerated (`max_errors`): {state.tolerated_errors}, each scored `failure_score`; "
+                      "they are in the program errors above."]
+
+    lines += timeline_section(state)
 
     if state.stop_reason:
         lines += ["", "## Stop reason", "", inline(state.stop_reason)]
     lines.append("")
     return "\n".join(lines)
+
+
+def _when(timestamp: float | None) -> str:
+    if timestamp is None:
+        return DASH
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _wall(started: float | None, ended: float | None) -> str:
+    return DASH if started is None or ended is None else f"{ended - started:.1f} s"
+
+
+def timeline_section(state: RunState) -> list[str]:
+    """The "Timeline" of ``report.md``: each compile (the first, each resumption, each interruption), each step's
+    start, end and wall time, and each timed phase."""
+    if not state.sessions and not state.phases:
+        return []
+    lines = ["", "## Timeline", ""]
+    rows = []
+    for number, session in enumerate(state.sessions, 1):
+        if session.ended_at is not None:
+            end = session.end or DASH
+        elif number < len(state.sessions) or state.status != "running":
+            end = "the process died without an end (killed or crashed); resumed by the next compile"
+        else:
+            end = "running, or the process died (the report command says which)"
+        kind = "start" if number == 1 else "resume"
+        rows.append([str(number), kind, _when(session.started_at), _when(session.ended_at),
+                     _wall(session.started_at, session.ended_at), cell(end)])
+    if rows:
+        lines.append(table(["Compile", "Kind", "Started", "Ended", "Wall time", "How it ended"], rows,
+                           ["---:", "---", "---", "---", "---:", "---"]))
+    timed = [s for s in state.steps if s.started_at is not None]
+    if timed:
+        lines += ["", "Steps:", ""]
+        rows = [[str(s.step), _when(s.started_at), _when(s.ended_at), _wall(s.started_at, s.ended_at)]
+                for s in timed]
+        lines.append(table(["Step", "Started", "Ended", "Wall time"], rows, ["---:", "---", "---", "---:"]))
+    if state.phases:
+        lines += ["", "Phases:", ""]
+        rows = [[cell(p.name), _when(p.started_at), _when(p.ended_at), _wall(p.started_at, p.ended_at)]
+                for p in state.phases]
+        lines.append(table(["Phase", "Started", "Ended", "Wall time"], rows, ["---", "---", "---", "---:"]))
+    return lines
 
 
 def _setting(value: Any) -> str:
