@@ -1,0 +1,282 @@
+"""A first run that cannot go quietly wrong: garbage refused before any LM call with a message that names the fix,
+the valset used by default, errors tolerated up to ``max_errors``, the record's timeline, a killed run reported as
+such. Every count is the fake engines' request log."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import dspy
+import pytest
+
+from dspy_opro import OPROTeleprompter
+from dspy_opro.__main__ import main
+from dspy_opro.errors import MetricError, ProgramError
+from dspy_opro.record.files import LogDirLock, load_state, save_state
+from tests.fakes import make_lm, scripted_optimizer, toy_dataset, toy_metric, toy_task_reply
+
+REPLIES = ["<INS>Better better better better.</INS>", "<INS>Better better.</INS>"]
+
+
+def make(**kwargs):
+    task_lm, task_engine = make_lm(toy_task_reply)
+    opt_lm, opt_engine = make_lm(scripted_optimizer(REPLIES))
+    settings = {"num_steps": 1, "num_candidates": 2, "num_threads": 1, **kwargs}
+    metric = settings.pop("metric", toy_metric)
+    return OPROTeleprompter(metric, prompt_model=opt_lm, task_model=task_lm, **settings), task_engine, opt_engine
+
+
+class ReturnsNone(dspy.Module):
+    def __init__(self):
+        super().__init__()
+        self.predict = dspy.Predict("question -> answer")
+
+    def forward(self, question):
+        self.predict(question=question)  # the missing ``return``
+
+
+class ReturnsText(ReturnsNone):
+    def forward(self, question):
+        return self.predict(question=question).answer
+
+
+class TakesQuestion(ReturnsNone):
+    def forward(self, question):
+        return self.predict(question=question)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Garbage refused
+
+
+@pytest.mark.parametrize(
+    ("program", "returned"),
+    [(ReturnsNone, "returned None"), (ReturnsText, "returned a str ('wrong')")],
+)
+def test_a_program_that_returns_no_prediction_stops_before_any_optimizer_call(program, returned):
+    optimizer, task_engine, opt_engine = make()
+    name = program.__name__
+    expected = (
+        f"the program {name} {returned} on training example 0 ({{'question': 'item 0'}}), not a dspy.Prediction: no "
+        f"instruction can fix that. Make {name}.forward return the prediction of its last predictor (e.g. `return "
+        "self.predict(question=question)`) or dspy.Prediction(answer=...)."
+    )
+    with pytest.raises(ProgramError) as raised:
+        optimizer.compile(program(), trainset=toy_dataset(4))
+    assert str(raised.value) == expected
+    assert "Fix the metric" not in str(raised.value)
+    assert len(opt_engine.requests) == 0 and len(task_engine.requests) == 1  # the first evaluation stopped it
+
+
+@pytest.mark.parametrize(
+    ("program", "expected"),
+    [
+        (TakesQuestion(), "trainset[0]'s input keys ['query'] do not match the inputs of the program TakesQuestion, "
+                          "['question']: it would be called as TakesQuestion(**example.inputs()) and fail on every "
+                          "example. Build the examples with .with_inputs('question') or rename the program's inputs"),
+        (dspy.ChainOfThought("question -> answer"),
+         "trainset[0]'s input keys ['query'] do not match the inputs of the program ChainOfThought, ['question']: it "
+         "would be called as ChainOfThought(**example.inputs()) and fail on every example. Build the examples with "
+         ".with_inputs('question') or rename the program's inputs"),
+    ],
+)
+def test_input_keys_the_program_does_not_take_are_refused_before_any_lm_call(program, expected):
+    optimizer, task_engine, opt_engine = make()
+    trainset = [dspy.Example(query=f"item {i}", answer=f"a{i}").with_inputs("query") for i in range(4)]
+    with pytest.raises(ValueError) as raised:
+        optimizer.compile(program, trainset=trainset)
+    assert str(raised.value) == expected
+    assert len(task_engine.requests) == 0 and len(opt_engine.requests) == 0
+
+
+def test_a_valset_with_other_keys_is_refused_too_and_a_matching_one_passes():
+    optimizer, task_engine, _ = make(max_metric_calls=4, num_steps=0)
+    valset = [dspy.Example(q="item 0", answer="a0").with_inputs("q")]
+    with pytest.raises(ValueError, match=re.escape("valset[0]'s input keys ['q'] do not match")):
+        optimizer.compile(TakesQuestion(), trainset=toy_dataset(4), valset=valset)
+    assert len(task_engine.requests) == 0
+    # A forward with an optional input takes examples with or without it.
+
+    class Optional(TakesQuestion):
+        def forward(self, question, hint=""):
+            return self.predict(question=question)
+
+    extra = [dspy.Example(question=f"item {i}", hint="h", answer=f"a{i}").with_inputs("question", "hint")
+             for i in range(4)]
+    compiled = optimizer.compile(Optional(), trainset=extra)
+    assert compiled.opro_run.metric_calls == 4 and len(task_engine.requests) == 4
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "expected"),
+    [
+        (lambda o: o.compile(dspy.Predict("question -> answer"), trainset=None), TypeError,
+         "trainset is None; pass trainset=[dspy.Example(question=..., answer=...).with_inputs('question'), ...] (a "
+         "list of dspy.Example with their inputs set)"),
+        (lambda o: o.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(2)[0]), TypeError,
+         "trainset must be a list of dspy.Example; got a Example: pass trainset=[dspy.Example(...).with_inputs(...), "
+         "...]"),
+        (lambda o: o.compile(dspy.Predict("question -> answer"), trainset=[{"question": "q", "answer": "a"}]),
+         TypeError, "trainset[0] is a dict, not a dspy.Example; convert each row with dspy.Example(**row)."
+                    "with_inputs(...), naming its input keys among 'question', 'answer'"),
+        (lambda o: o.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(2), valset=["q"]), TypeError,
+         "valset[0] is a str, not a dspy.Example; build it with dspy.Example(question=..., answer=...)."
+         "with_inputs('question')"),
+        (lambda o: o.compile(TakesQuestion, trainset=toy_dataset(2)), TypeError,
+         "compile() got the class TakesQuestion, not a program; pass an instance: compile(TakesQuestion(...), "
+         "trainset=...)"),
+        (lambda o: o.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(2), val_set=[]), TypeError,
+         "compile() got an unexpected keyword argument 'val_set'; did you mean 'valset'?"),
+    ],
+)
+def test_bad_arguments_name_the_argument_and_the_fix(call, error, expected):
+    optimizer, task_engine, opt_engine = make(num_exemplars=1)
+    with pytest.raises(error) as raised:
+        call(optimizer)
+    assert str(raised.value) == expected
+    assert len(task_engine.requests) == 0 and len(opt_engine.requests) == 0
+
+
+def test_a_mistyped_keyword_suggests_the_setting():
+    with pytest.raises(TypeError) as raised:
+        OPROTeleprompter(toy_metric, num_step=3)
+    assert str(raised.value) == "OPROTeleprompter() got an unexpected keyword argument 'num_step'; did you mean " \
+                                "'num_steps'?"
+    with pytest.raises(TypeError, match=r"'bogus'; the known arguments are \['display_progress', "):
+        OPROTeleprompter(toy_metric, bogus=1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The valset is used by default
+
+
+def test_a_valset_given_with_the_default_settings_selects_and_says_so(caplog):
+    optimizer, task_engine, _ = make()
+    with caplog.at_level(logging.INFO, logger="dspy_opro"):
+        compiled = optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4),
+                                     valset=toy_dataset(3, prefix="val"))
+    run = compiled.opro_run
+    assert run.selection.selected_by == "validation" and run.config["select"] == "validation"
+    assert "OPRO selects on the valset (3 examples) (select='auto' with a valset; select='train' is the paper's " \
+           "setting)" in caplog.messages
+    # 4 x (1 start + 2 candidates) on training, then the top 3 on the 3 validation examples.
+    assert len(task_engine.requests) == 12 + 9 == run.metric_calls
+
+
+def test_without_a_valset_the_default_selects_on_training_and_says_so(caplog):
+    optimizer, task_engine, _ = make()
+    with caplog.at_level(logging.INFO, logger="dspy_opro"):
+        compiled = optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4))
+    assert compiled.opro_run.selection.selected_by == "train" and compiled.opro_run.config["select"] == "train"
+    assert "OPRO selects on training (the paper's setting): no valset was given" in caplog.messages
+    assert len(task_engine.requests) == 12
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# max_errors
+
+
+def flaky_metric(example, prediction, trace=None):
+    if example.question == "item 1":
+        raise KeyError("label")
+    return toy_metric(example, prediction)
+
+
+def test_tolerated_metric_errors_are_counted_logged_and_recorded(caplog):
+    optimizer, task_engine, _ = make(metric=flaky_metric)
+    with caplog.at_level(logging.WARNING, logger="dspy_opro"):
+        compiled = optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4))
+    run = compiled.opro_run
+    assert run.status == "finished" and run.tolerated_errors == 3  # item 1 for the start and the 2 candidates
+    assert len(task_engine.requests) == 12 == run.metric_calls
+    start = run.candidates[0]
+    assert start.scores[1] == 0.0 and start.failed == [1]
+    assert [(e.error, e.example, e.count) for e in start.errors] == [("metric: KeyError: 'label'", 1, 1)]
+    tolerated = [m for m in caplog.messages if m.startswith("Tolerated metric error")]
+    assert tolerated[0] == ("Tolerated metric error 1 of max_errors=10 (scored failure_score=0) on training example 1 "
+                            "({'question': 'item 1'}): KeyError: 'label'")
+    assert len(tolerated) == 3
+
+
+def test_past_max_errors_the_run_stops_naming_the_example_and_the_limit(tmp_path):
+    optimizer, task_engine, opt_engine = make(metric=flaky_metric, max_errors=1, log_dir=tmp_path)
+    trainset = [dspy.Example(question="item 1", answer="a1").with_inputs("question")] * 3
+    with pytest.raises(MetricError) as raised:
+        optimizer.compile(dspy.Predict("question -> answer"), trainset=trainset)
+    assert str(raised.value) == (
+        "the metric failed on training example 1 ({'question': 'item 1'}): KeyError: 'label', error 2 of this compile, "
+        "more than max_errors=1. Fix the metric: it must return a float in [0, 1], a bool, or "
+        "dspy.Prediction(score=..., feedback=...); then compile again with the same log_dir.")
+    assert len(task_engine.requests) == 2 and len(opt_engine.requests) == 0
+    saved = load_state(tmp_path)
+    assert saved.status == "failed" and saved.tolerated_errors == 1
+
+
+def test_an_unparseable_answer_is_scored_not_counted():
+    task_lm, task_engine = make_lm(lambda request: "no fields at all" if "item 2" in str(request) else
+                                   toy_task_reply(request))
+    opt_lm, _ = make_lm(scripted_optimizer(REPLIES))
+    optimizer = OPROTeleprompter(toy_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=1, num_candidates=2,
+                                 num_threads=1, max_errors=0)
+    compiled = optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4))
+    run = compiled.opro_run
+    assert run.status == "finished" and run.tolerated_errors == 0
+    assert run.candidates[0].failed == [2] and "AdapterParseError" in run.candidates[0].errors[0].error
+
+
+def test_max_errors_is_checked():
+    with pytest.raises(ValueError, match=re.escape("max_errors must be an int >= 0 (0 stops at the first) or None; "
+                                                   "got -1")):
+        OPROTeleprompter(toy_metric, max_errors=-1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The record a user reads
+
+
+def test_the_record_and_report_carry_each_compile_step_and_phase(tmp_path):
+    optimizer, _, _ = make(log_dir=tmp_path, num_steps=2)
+    compiled = optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4))
+    run = compiled.opro_run
+    assert len(run.sessions) == 1 and run.sessions[0].end == "finished"
+    assert run.sessions[0].started_at <= run.sessions[0].ended_at
+    assert [p.name for p in run.phases] == ["step -1 scoring", "step 0 proposals", "step 0 scoring",
+                                            "step 1 proposals", "step 1 scoring", "selection"]
+    assert all(p.ended_at is not None and p.started_at <= p.ended_at for p in run.phases)
+    assert all(s.started_at is not None and s.started_at <= s.ended_at for s in run.steps)
+    report = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert "## Timeline" in report and "| 1 | start |" in report and "| finished |" in report
+    assert "| step 0 proposals |" in report and "| step 1 scoring |" in report
+    # A second compile (the finished run returns at once) and a resumption with more steps: a new session.
+    more, _, _ = make(log_dir=tmp_path, num_steps=3)
+    resumed = more.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4)).opro_run
+    assert [s.end for s in resumed.sessions] == ["finished", "finished"]
+    assert "| 2 | resume |" in (tmp_path / "report.md").read_text(encoding="utf-8")
+
+
+def test_the_report_of_a_killed_run_says_it_stopped_and_how_to_resume(tmp_path, capsys):
+    optimizer, _, _ = make(log_dir=tmp_path)
+    run = optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4)).opro_run
+    # What a kill -9 leaves: the record says running, its compile has no end, and the OS released the lock.
+    run.status, run.selection = "running", None
+    run.sessions[-1].ended_at = run.sessions[-1].end = None
+    save_state(run, tmp_path)
+    lock = LogDirLock(tmp_path)
+    lock.acquire()  # a live run holds the lock: the report says running
+    try:
+        assert main(["report", str(tmp_path), "--no-plot"]) == 0
+    finally:
+        lock.release()
+    report = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert "- Status: running" in report
+    assert main(["report", str(tmp_path), "--no-plot"]) == 0
+    report = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert "- Status: running" not in report
+    assert "- Status: interrupted" in report
+    assert "- Stop reason: the process stopped without finishing (killed or crashed: no process holds run.lock)" \
+        in report
+    assert "- Resume: compile again with the same `log_dir`; nothing already scored runs again." in report
+    assert f"note: the run in {tmp_path} stopped without finishing; compile again with the same log_dir to resume" \
+        in capsys.readouterr().err
+    assert load_state(tmp_path).status == "running"  # the report never rewrites the record
