@@ -18,11 +18,18 @@ tokens measured on the first evaluations of step -1 (the run logs it then), or f
 (``estimate(..., tokens_per_evaluation=...)``). An optimizer request is assumed to send
 :data:`OPTIMIZER_PROMPT_TOKENS` prompt tokens and receive :data:`OPTIMIZER_COMPLETION_TOKENS` per choice, the
 assumption the estimate states with it.
+
+A run whose models all answer on this machine reads the bundled price maps (:func:`use_local_price_maps_offline`),
+so an offline run prints no warning about a price list it cannot fetch.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import Any
+from urllib.parse import urlparse
 
 import dspy
 
@@ -34,6 +41,9 @@ from dspy_opro.scoring.usage import token_prices
 from dspy_opro.selection import SelectionPolicy
 from dspy_opro.task.data import RunData
 from dspy_opro.task.programs import predictor_map, read_instructions
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+LOCAL_COST_MAP = "LITELLM_LOCAL_MODEL_COST_MAP"
 
 OPTIMIZER_PROMPT_TOKENS = 1000
 """The assumed prompt of one optimizer request: a meta-prompt of 20 scored instructions and 3 problems."""
@@ -112,6 +122,31 @@ class RunPlan:
         return replace(self, cost=optimizer + task, cost_assumption=assumption)
 
 
+def is_loopback_model(lm: Any) -> bool:
+    """Whether ``lm`` is a LiteLLM model served on this machine (an ``api_base`` on 127.0.0.1 or localhost)."""
+    kwargs = getattr(lm, "kwargs", None) or {}
+    base = kwargs.get("api_base") or kwargs.get("base_url")
+    return isinstance(base, str) and urlparse(base).hostname in LOOPBACK_HOSTS
+
+
+def use_local_price_maps_offline(models: Iterable[Any]) -> bool:
+    """Read LiteLLM's and DSPy's bundled price maps when every model is served on this machine.
+
+    Without ``LITELLM_LOCAL_MODEL_COST_MAP=True``, importing LiteLLM and DSPy's first price lookup each try to fetch
+    a price list from GitHub; offline, that prints a cost-map warning per attempt and waits seconds for each. A run
+    whose models all answer on 127.0.0.1 (the simulated endpoint, a local server) needs no fresh prices, so the
+    variable is set for it, unless the user set it; a run with any remote model is left alone.
+
+    Returns:
+        Whether the variable was set here.
+    """
+    present = [lm for lm in models if lm is not None]
+    if os.environ.get(LOCAL_COST_MAP) is not None or not present or not all(map(is_loopback_model, present)):
+        return False
+    os.environ[LOCAL_COST_MAP] = "True"
+    return True
+
+
 def initial_count(config: OPROConfig, program: dspy.Module, data: RunData) -> int:
     """The initial instructions step -1 scores (a repeat is skipped, not scored)."""
     initial = initial_by_predictor(config.initial, targets=data.targets,
@@ -148,4 +183,12 @@ def plan_run(config: OPROConfig, models: Models, data: RunData, selection: Selec
                    validation_evaluations=validation, evaluations=total, selected_on=selected_on)
 
 
-__all__ = ["OPTIMIZER_COMPLETION_TOKENS", "OPTIMIZER_PROMPT_TOKENS", "RunPlan", "initial_count", "plan_run"]
+__all__ = [
+    "OPTIMIZER_COMPLETION_TOKENS",
+    "OPTIMIZER_PROMPT_TOKENS",
+    "RunPlan",
+    "initial_count",
+    "is_loopback_model",
+    "plan_run",
+    "use_local_price_maps_offline",
+]

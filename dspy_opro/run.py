@@ -31,7 +31,7 @@ import dspy
 from dspy_opro.compat import mark_compiled, user_stacklevel
 from dspy_opro.config import OPROConfig
 from dspy_opro.errors import FatalLMError, MetricError, OPRORunError, ProgramError, check_model_ready
-from dspy_opro.plan import RunPlan, initial_count, plan_run
+from dspy_opro.plan import RunPlan, initial_count, plan_run, use_local_price_maps_offline
 from dspy_opro.proposing.initial import initial_by_predictor, initial_candidates
 from dspy_opro.proposing.meta_prompt import gen_meta_prompt, instruction_md5
 from dspy_opro.proposing.optimizer_calls import propose
@@ -92,6 +92,7 @@ class OPRORun:
                                             all_predictors=list(predictor_map(student)))
         self.models = config.resolve_models()
         roles = (("optimizer", self.models.prompt), ("task", self.models.task), ("judge", self.models.judge))
+        use_local_price_maps_offline(lm for _, lm in roles)  # before LiteLLM's import and the first price lookup
         import_litellm_announced(roles)  # seconds of silence otherwise, before the first line of the run
         for role, lm in roles:
             if lm is not None:

@@ -275,14 +275,16 @@ class OPROTeleprompter(Teleprompter):
         Returns:
             The :class:`~dspy_opro.plan.RunPlan`: optimizer requests, evaluations, and the cost with its assumption.
         """
-        from dspy_opro.plan import initial_count, plan_run
+        from dspy_opro.plan import initial_count, plan_run, use_local_price_maps_offline
         from dspy_opro.task.data import RunData
 
         config = self.config
+        models = config.resolve_models()
+        use_local_price_maps_offline([models.prompt, models.task, models.judge])
         data = RunData.build(student, trainset, valset, predictors=config.predictors, label_free=config.label_free,
                              valset_needed_by=config.valset_needed_by, num_exemplars=config.num_exemplars,
                              max_metric_calls=config.max_metric_calls)
-        plan = plan_run(config, config.resolve_models(), data, config.selection_policy(has_valset=bool(data.valset)),
+        plan = plan_run(config, models, data, config.selection_policy(has_valset=bool(data.valset)),
                         initial=initial_count(config, student, data))
         if tokens_per_evaluation is None:
             return replace(plan, cost_assumption="pass tokens_per_evaluation=(prompt, completion) to estimate it; "

@@ -5,7 +5,11 @@ such. Every count is the fake engines' request log."""
 from __future__ import annotations
 
 import logging
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import dspy
 import pytest
@@ -16,6 +20,7 @@ from dspy_opro.errors import MetricError, ProgramError
 from dspy_opro.record.files import LogDirLock, load_state, save_state
 from tests.fakes import make_lm, scripted_optimizer, toy_dataset, toy_metric, toy_task_reply
 
+ROOT = Path(__file__).resolve().parent.parent
 REPLIES = ["<INS>Better better better better.</INS>", "<INS>Better better.</INS>"]
 
 
@@ -280,3 +285,48 @@ def test_the_report_of_a_killed_run_says_it_stopped_and_how_to_resume(tmp_path, 
     assert f"note: the run in {tmp_path} stopped without finishing; compile again with the same log_dir to resume" \
         in capsys.readouterr().err
     assert load_state(tmp_path).status == "running"  # the report never rewrites the record
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Offline runs are quiet
+
+
+def test_the_local_price_maps_are_used_only_when_every_model_is_local(monkeypatch):
+    from dspy_opro.plan import use_local_price_maps_offline
+
+    local = dspy.LM("openai/x", api_base="http://127.0.0.1:8000/v1", api_key="k")
+    remote = dspy.LM("openai/gpt-4o-mini")
+    monkeypatch.delenv("LITELLM_LOCAL_MODEL_COST_MAP", raising=False)
+    assert not use_local_price_maps_offline([local, remote, None])
+    assert "LITELLM_LOCAL_MODEL_COST_MAP" not in os.environ
+    assert use_local_price_maps_offline([local, None])
+    assert os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "False")  # the user's choice stands
+    assert not use_local_price_maps_offline([local])
+    assert os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] == "False"
+
+
+OFFLINE_SCRIPT = """
+import dspy
+from dspy_opro import OPROTeleprompter
+from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
+
+with SimulatedEndpoint() as endpoint:
+    optimizer = OPROTeleprompter(simulated_metric, prompt_model=endpoint.lm("openai/simulated-optimizer"),
+                                 task_model=endpoint.lm("openai/simulated-task"), num_steps=1, num_candidates=2,
+                                 display_progress=False)
+    optimizer.compile(dspy.Predict("question -> answer"), trainset=simulated_dataset(6))
+    print("served", endpoint.count("opro"), endpoint.count("task"))
+"""
+
+
+@pytest.mark.slow
+def test_an_offline_run_prints_no_cost_map_warning(tmp_path):
+    env = {key: value for key, value in os.environ.items() if key != "LITELLM_LOCAL_MODEL_COST_MAP"}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run([sys.executable, "-c", OFFLINE_SCRIPT], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "served 1 18"
+    noise = [line for line in proc.stderr.splitlines() if "INFO dspy_opro" not in line]
+    assert noise == []

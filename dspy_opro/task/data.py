@@ -67,9 +67,9 @@ def program_inputs(program: dspy.Module) -> tuple[set[str], set[str]] | None:
     ``forward`` takes ``**kwargs`` around one predictor (``dspy.ChainOfThought``) takes its signature's inputs. A
     ``forward(**kwargs)`` over several predictors can route the keys anywhere, so it is not checked.
     """
-    try:
-        parameters = list(inspect.signature(program.forward).parameters.values())
-    except (TypeError, ValueError):
+    try:  # the class's function: reading ``program.forward`` makes DSPy warn against calling it directly
+        parameters = list(inspect.signature(type(program).forward).parameters.values())[1:]
+    except (TypeError, ValueError, AttributeError):
         return None
     if any(p.kind == p.VAR_KEYWORD for p in parameters):
         signature = getattr(program, "signature", None)
