@@ -88,11 +88,13 @@ class RunPlan:
         if self.honours_n:
             requests = f"{self.optimizer_requests} optimizer requests (one per step asking n={self.num_candidates})"
         else:
-            requests = (f"{self.optimizer_requests} optimizer requests ({self.num_candidates} single-choice requests "
-                        f"per step: {self.optimizer_model!r} is not known to honour n)")
+            per_step = f"{self.num_candidates} single-choice request{'s' if self.num_candidates != 1 else ''}"
+            requests = (f"{self.optimizer_requests} optimizer requests ({per_step} per step: "
+                        f"{self.optimizer_model!r} is not known to honour n)")
         evaluations = (f"at most {self.evaluations} program runs with the metric ({self.train_evaluations} on "
                        f"training, {self.validation_evaluations} on validation)")
-        return f"OPRO plan: {requests}; {evaluations}; selection on {self.selected_on}"
+        selection = "training" if self.selected_on == "train" else self.selected_on
+        return f"OPRO plan: {requests}; {evaluations}; selection on {selection}"
 
     def describe_cost(self) -> str:
         """The cost estimate with its assumption, on one line."""

@@ -280,6 +280,11 @@ class OPRORun:
             )
         if len(start.failed) == n_train and start.errors:
             first = start.errors[0]
+            if all(e.error.startswith("metric: ") for e in start.errors):  # tolerated one by one, but never scored
+                raise MetricError(
+                    f"the metric failed on all {n_train} training examples of the program as given; first, on "
+                    f"example {first.example}: {first.error.removeprefix('metric: ')}. Fix the metric: it must return "
+                    "a float in [0, 1], a bool, or dspy.Prediction(score=..., feedback=...); then compile again.")
             raise ProgramError(
                 f"the program as given raised on all {n_train} training examples; first, on example {first.example}: "
                 f"{first.error}. No instruction can do better than a program that cannot run: fix the program "

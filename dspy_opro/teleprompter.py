@@ -279,11 +279,11 @@ class OPROTeleprompter(Teleprompter):
         from dspy_opro.task.data import RunData
 
         config = self.config
-        models = config.resolve_models()
-        use_local_price_maps_offline([models.prompt, models.task, models.judge])
         data = RunData.build(student, trainset, valset, predictors=config.predictors, label_free=config.label_free,
                              valset_needed_by=config.valset_needed_by, num_exemplars=config.num_exemplars,
                              max_metric_calls=config.max_metric_calls)
+        models = config.resolve_models()
+        use_local_price_maps_offline([models.prompt, models.task, models.judge])
         plan = plan_run(config, models, data, config.selection_policy(has_valset=bool(data.valset)),
                         initial=initial_count(config, student, data))
         if tokens_per_evaluation is None:

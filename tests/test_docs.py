@@ -35,6 +35,8 @@ ALLOWED_COMMANDS = {
     'pip install -e ".[dev]"': ".ci/run",
     "python -m pytest": ".ci/run",
     "python examples/quickstart.py": "tests/test_quickstart.py",
+    "pip install -e .": ".ci/run",
+    "python examples/custom_engine.py": "tests/test_custom_engine.py",
     "python -m dspy_opro report LOG_DIR": "tests/test_report.py",
     "dspy-opro --version": "tests/test_version.py",
 }
@@ -44,6 +46,7 @@ EXECUTED_ELSEWHERE = {
     "examples/react_agent.py": "tests/test_examples.py",
     "examples/judge_metric.py": "tests/test_examples.py",
     "examples/load_compiled.py": "tests/test_examples.py",
+    "examples/custom_engine.py": "tests/test_custom_engine.py",
 }
 
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,})(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)(?P=fence)[ \t]*$",

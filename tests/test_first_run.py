@@ -330,3 +330,14 @@ def test_an_offline_run_prints_no_cost_map_warning(tmp_path):
     assert proc.stdout.strip() == "served 1 18"
     noise = [line for line in proc.stderr.splitlines() if "INFO dspy_opro" not in line]
     assert noise == []
+
+
+def test_a_metric_that_fails_on_every_example_of_the_start_stops_before_any_optimizer_call():
+    optimizer, task_engine, opt_engine = make(metric=lambda example, prediction, trace=None: None)
+    with pytest.raises(MetricError) as raised:
+        optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4))
+    assert str(raised.value) == (
+        "the metric failed on all 4 training examples of the program as given; first, on example 0: ValueError: the "
+        "metric returned None. Fix the metric: it must return a float in [0, 1], a bool, or "
+        "dspy.Prediction(score=..., feedback=...); then compile again.")
+    assert len(task_engine.requests) == 4 and len(opt_engine.requests) == 0
