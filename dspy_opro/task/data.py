@@ -68,7 +68,8 @@ def program_inputs(program: dspy.Module) -> tuple[set[str], set[str]] | None:
     ``forward(**kwargs)`` over several predictors can route the keys anywhere, so it is not checked.
     """
     try:  # the class's function: reading ``program.forward`` makes DSPy warn against calling it directly
-        parameters = list(inspect.signature(type(program).forward).parameters.values())[1:]
+        forward = getattr(type(program), "forward")  # noqa: B009 - not on dspy.Module itself
+        parameters = list(inspect.signature(forward).parameters.values())[1:]
     except (TypeError, ValueError, AttributeError):
         return None
     if any(p.kind == p.VAR_KEYWORD for p in parameters):
