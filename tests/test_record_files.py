@@ -157,8 +157,8 @@ def test_the_valset_counts_only_where_it_is_used(tmp_path):
         compiled = teleprompter.compile(program, trainset=trainset, valset=valset)
         return compiled, task_engine
 
-    run(tmp_path / "train", toy_dataset(3, prefix="val"))
-    _, task_engine = run(tmp_path / "train", toy_dataset(2, prefix="val"))
+    run(tmp_path / "train", toy_dataset(3, prefix="val"), select="train")
+    _, task_engine = run(tmp_path / "train", toy_dataset(2, prefix="val"), select="train")
     assert task_engine.requests == []  # select="train" never uses the valset: the saved result
     run(tmp_path / "validation", toy_dataset(3, prefix="val"), select="validation", top_k=1)
     with pytest.raises(StateFileError, match="belongs to a different run: the valset"):
