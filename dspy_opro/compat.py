@@ -93,11 +93,6 @@ def price_map_entry(model: str) -> dict[str, Any]:
     return dict(entry) if isinstance(entry, dict) else {}
 
 
-def mark_compiled(program: dspy.Module) -> None:
-    """Flag a program as compiled, as DSPy's own teleprompters do (``dspy.Module._compiled``)."""
-    program._compiled = True
-
-
 _LIBRARY_DIRS = tuple(str(Path(str(module.__file__)).resolve().parent) + os.sep
                       for module in (dspy, sys.modules[__name__.rpartition(".")[0]]))
 
@@ -169,7 +164,6 @@ __all__ = [
     "input_keys",
     "is_retryable_lm_error",
     "lm_engine",
-    "mark_compiled",
     "price_map_entry",
     "run_in_context",
     "user_stacklevel",

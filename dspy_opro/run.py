@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import dspy
 
-from dspy_opro.compat import mark_compiled, user_stacklevel
+from dspy_opro.compat import user_stacklevel
 from dspy_opro.config import OPROConfig
 from dspy_opro.errors import FatalLMError, MetricError, OPRORunError, ProgramError, check_model_ready
 from dspy_opro.proposing.initial import initial_by_predictor, initial_candidates
@@ -495,7 +495,8 @@ class OPRORun:
             for c in ranked_candidates(state.candidates)
         ]
         program.opro_run = state  # type: ignore[attr-defined]
-        mark_compiled(program)
+        # Not marked compiled (``_compiled``), as COPRO and MIPROv2 leave theirs: BootstrapFewShot and other
+        # optimizers refuse a compiled student, and stacking them on OPRO's instructions is the common recipe.
         if self.config.instruction_pos in AFTER_INPUTS:
             logger.warning("instruction_pos=%r: the returned program carries the instruction as the default of an "
                            "extra input field, which DSPy's JSON save (program.save('x.json')) does not keep; save it "
