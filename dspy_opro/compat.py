@@ -5,7 +5,8 @@ per-thread settings overrides that ``dspy.context`` writes (evaluation workers m
 and callbacks), the id of the active callback call (so tracing nests the program runs under ``compile``), the usage
 tracker class and the LM exception types, DSPy's copy of LiteLLM's price map, and DSPy's logging stream. Each is
 reached here and nowhere else, and ``tests/test_compat.py`` has a test per access, so that a DSPy upgrade that
-moves one breaks one test that names it rather than the optimizer in many places.
+moves one breaks one test that names it rather than the optimizer in many places. ``with_callbacks`` (the decorator
+that reports a call to DSPy's callbacks) lets a scored candidate report as a ``dspy.Evaluate`` call does.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, TypeVar
 import dspy
 from dspy.dsp.utils.settings import thread_local_overrides
 from dspy.dsp.utils.utils import dotdict
-from dspy.utils.callback import BaseCallback
+from dspy.utils.callback import BaseCallback, with_callbacks
 from dspy.utils.callback_context import ACTIVE_CALL_ID
 from dspy.utils.exceptions import (
     AdapterParseError,
@@ -91,11 +92,6 @@ def price_map_entry(model: str) -> dict[str, Any]:
             return info
     entry = _load().get(model)
     return dict(entry) if isinstance(entry, dict) else {}
-
-
-def mark_compiled(program: dspy.Module) -> None:
-    """Flag a program as compiled, as DSPy's own teleprompters do (``dspy.Module._compiled``)."""
-    program._compiled = True
 
 
 _LIBRARY_DIRS = tuple(str(Path(str(module.__file__)).resolve().parent) + os.sep
@@ -169,8 +165,8 @@ __all__ = [
     "input_keys",
     "is_retryable_lm_error",
     "lm_engine",
-    "mark_compiled",
     "price_map_entry",
     "run_in_context",
     "user_stacklevel",
+    "with_callbacks",
 ]

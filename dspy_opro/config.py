@@ -46,6 +46,39 @@ from dspy_opro.task.placement import check_instruction_pos
 from dspy_opro.task.programs import callable_fingerprint, dataset_fingerprint, program_fingerprint
 
 ExemplarSelection = Literal["random", "constant", "hard_diverse"]
+Auto = Literal["light", "medium", "heavy"]
+DEFAULT_NUM_STEPS = 10
+DEFAULT_NUM_CANDIDATES = 8
+# Settings get_params() returns as given: objects, not JSON.
+OBJECT_SETTINGS = ("metric", "prompt_model", "task_model", "executor")
+
+
+@dataclass(frozen=True)
+class AutoPreset:
+    """One ``auto`` preset: ``num_candidates`` samples per step, and as many steps as bring the evaluations of a run
+    (``n_train * (1 + num_steps * num_candidates)``) nearest to ``evaluations`` without passing it, within
+    ``min_steps``..``max_steps``."""
+
+    num_candidates: int
+    evaluations: int
+    min_steps: int
+    max_steps: int
+
+
+# Like MIPROv2's and GEPA's presets, a budget that grows from light to heavy; OPRO spends it on steps of the
+# authors' 8 candidates (4 for light, so that a small budget still sees several steps).
+AUTO_PRESETS: dict[str, AutoPreset] = {
+    "light": AutoPreset(num_candidates=4, evaluations=400, min_steps=2, max_steps=10),
+    "medium": AutoPreset(num_candidates=8, evaluations=2000, min_steps=4, max_steps=25),
+    "heavy": AutoPreset(num_candidates=8, evaluations=8000, min_steps=8, max_steps=100),
+}
+
+
+def auto_plan(auto: str, n_train: int) -> tuple[int, int]:
+    """``(num_steps, num_candidates)`` of an ``auto`` preset for ``n_train`` training examples."""
+    preset = AUTO_PRESETS[auto]
+    steps = (preset.evaluations // max(n_train, 1) - 1) // preset.num_candidates
+    return min(max(steps, preset.min_steps), preset.max_steps), preset.num_candidates
 EXEMPLAR_SELECTIONS = ("random", "constant", "hard_diverse")
 SELECTIONS = ("auto", "train", "validation")
 DEFAULT_MAX_ERRORS = 10
@@ -124,10 +157,17 @@ class OPROConfig:
         selected like any candidate. A list is for a program with one target predictor; with several, a mapping
         ``{predictor name: [instructions]}``. A repeat of the predictor's own instruction or of an earlier text is
         recorded as skipped, not scored. None: only the program's own.""")
-    num_steps: int = setting(
-        10, group="search", kind="continuable",
-        doc="Optimization steps; each sends the meta-prompt ``num_candidates`` times.")
-    num_candidates: int = setting(8, group="search", doc="Optimizer samples per step (the authors' 8).")
+    auto: Auto | None = setting(
+        None, group="search", kind="continuable",
+        doc="""``"light"``, ``"medium"`` or ``"heavy"``: a preset of ``num_steps`` and ``num_candidates`` scaled by
+        the training set's size (see the table of presets in the documentation), resolved at ``compile`` and
+        recorded; an explicit ``num_steps`` or ``num_candidates`` wins over it. None: no preset.""")
+    num_steps: int | None = setting(
+        None, group="search", kind="continuable",
+        doc="""Optimization steps; each sends the meta-prompt ``num_candidates`` times. None: 10, or the ``auto``
+        preset's.""")
+    num_candidates: int | None = setting(
+        None, group="search", doc="Optimizer samples per step (the authors' 8). None: 8, or the ``auto`` preset's.")
     num_exemplars: int = setting(
         3, group="search", doc="Training problems shown in each meta-prompt (the authors' 3); 0 shows none.")
     exemplar_selection: ExemplarSelection | HardDiverse = setting(
@@ -232,9 +272,20 @@ class OPROConfig:
         True, group="observing", kind="execution",
         doc="""Show a progress bar per scoring phase (as ``dspy.Evaluate``'s switch), on a terminal or in a
         notebook; output to a file or pipe shows none either way.""")
+    track_stats: bool = setting(
+        False, group="observing", kind="execution",
+        doc="""Attach the whole run record to the returned program wherever it goes (as GEPA's
+        ``detailed_results``): ``program.save(path, save_program=True)`` then carries every meta-prompt and
+        score. False: the saved program carries a short summary (``OPRORunSummary``: the selected candidate, its
+        score and step, the record's folder), and the record stays in ``log_dir``.""")
 
     def __post_init__(self) -> None:
         # Normalise before checking, so that the frozen values are the ones checked.
+        if self.auto is None:  # without a preset, None is the authors' value
+            if self.num_steps is None:
+                object.__setattr__(self, "num_steps", DEFAULT_NUM_STEPS)
+            if self.num_candidates is None:
+                object.__setattr__(self, "num_candidates", DEFAULT_NUM_CANDIDATES)
         if self.predictors is not None and not isinstance(self.predictors, str):
             object.__setattr__(self, "predictors", tuple(self.predictors))
         # Checked and frozen here: a list becomes a tuple, a mapping a dict of tuples.
@@ -255,8 +306,10 @@ class OPROConfig:
         metric_takes_trace(metric)  # refuses a metric that cannot take (example, prediction)
         for name in ("prompt_model", "task_model"):
             _check_model(name, getattr(self, name))
-        require_int("num_steps", self.num_steps, minimum=0)
-        require_int("num_candidates", self.num_candidates, minimum=1)
+        if self.auto is not None:
+            require_choice("auto", self.auto, tuple(AUTO_PRESETS), meaning=" or None")
+        require_int("num_steps", self.num_steps, minimum=0, allow_none=True)
+        require_int("num_candidates", self.num_candidates, minimum=1, allow_none=True)
         require_int("num_exemplars", self.num_exemplars, minimum=0)
         if not isinstance(self.exemplar_selection, HardDiverse):
             require_choice("exemplar_selection", self.exemplar_selection, EXEMPLAR_SELECTIONS,
@@ -299,6 +352,48 @@ class OPROConfig:
             raise TypeError(f"log_dir must be a folder path (str or os.PathLike); got {self.log_dir!r}")
         require_int("seed", self.seed, minimum=0)
         require_bool("display_progress", self.display_progress)
+        require_bool("track_stats", self.track_stats)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The auto presets
+
+    def for_trainset(self, n_train: int) -> OPROConfig:
+        """The configuration a run of ``n_train`` training examples uses: the ``auto`` preset resolved into
+        ``num_steps`` and ``num_candidates`` (explicit values kept). Without a preset, the configuration itself."""
+        if self.auto is None:
+            return self
+        steps, candidates = auto_plan(self.auto, n_train)
+        return dataclasses.replace(self, num_steps=self.num_steps if self.num_steps is not None else steps,
+                                   num_candidates=self.num_candidates if self.num_candidates is not None
+                                   else candidates)
+
+    @property
+    def steps(self) -> int:
+        """``num_steps``, resolved (:meth:`for_trainset`)."""
+        if self.num_steps is None:
+            raise ValueError("num_steps is not resolved: call for_trainset(len(trainset)) first")
+        return self.num_steps
+
+    @property
+    def candidates(self) -> int:
+        """``num_candidates``, resolved (:meth:`for_trainset`)."""
+        if self.num_candidates is None:
+            raise ValueError("num_candidates is not resolved: call for_trainset(len(trainset)) first")
+        return self.num_candidates
+
+    def params(self) -> dict[str, Any]:
+        """The settings by name, as ``OPROTeleprompter.get_params()`` returns them: the metric, the models and the
+        executor as given, every other setting JSON-serialisable (an option object as its fields)."""
+        params: dict[str, Any] = {}
+        for spec in dataclasses.fields(self):
+            value = getattr(self, spec.name)
+            if spec.name in OBJECT_SETTINGS:
+                params[spec.name] = value
+            elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+                params[spec.name] = dataclasses.asdict(value)
+            else:
+                params[spec.name] = _recorded(spec.name, value)
+        return params
 
     # ------------------------------------------------------------------------------------------------------------
     # What the options mean
@@ -468,4 +563,5 @@ def settings_docstring() -> str:
 CONTINUABLE_SETTINGS = tuple(spec.name for spec in dataclasses.fields(OPROConfig)
                              if spec.metadata["kind"] == "continuable")
 
-__all__ = ["CONTINUABLE_SETTINGS", "Models", "OPROConfig", "model_name", "resolve_model", "settings_docstring"]
+__all__ = ["AUTO_PRESETS", "CONTINUABLE_SETTINGS", "AutoPreset", "Models", "OPROConfig", "auto_plan", "model_name",
+           "resolve_model", "settings_docstring"]

@@ -172,14 +172,14 @@ def plan_run(config: OPROConfig, models: Models, data: RunData, selection: Selec
     """
     n_train, n_val = len(data.trainset), len(data.valset)
     takes_n = honours_n(models.prompt, ignores_n)
-    requests = config.num_steps * (1 if takes_n else config.num_candidates)
-    train = n_train * (1 + initial + config.num_steps * config.num_candidates)
+    requests = config.steps * (1 if takes_n else config.candidates)
+    train = n_train * (1 + initial + config.steps * config.candidates)
     validation = selection.planned_evaluations(n_val) if n_val else 0
     total = train + validation
     if config.max_metric_calls is not None:
         total = min(total, config.max_metric_calls)
     selected_on = "validation" if selection.uses_valset and n_val else "train"
-    return RunPlan(num_steps=config.num_steps, num_candidates=config.num_candidates, optimizer_requests=requests,
+    return RunPlan(num_steps=config.steps, num_candidates=config.candidates, optimizer_requests=requests,
                    honours_n=takes_n, optimizer_model=str(getattr(models.prompt, "model", models.prompt)),
                    task_model=str(getattr(models.task, "model", models.task)), train_evaluations=train,
                    validation_evaluations=validation, evaluations=total, selected_on=selected_on)

@@ -28,10 +28,11 @@ from typing import Any, Literal
 
 import dspy
 
-from dspy_opro.compat import mark_compiled, user_stacklevel
+from dspy_opro.compat import user_stacklevel
 from dspy_opro.config import OPROConfig
 from dspy_opro.errors import FatalLMError, MetricError, OPRORunError, ProgramError, check_model_ready
 from dspy_opro.plan import RunPlan, initial_count, plan_run, use_local_price_maps_offline
+from dspy_opro.record.observers import CandidateReports, CandidateSpans
 from dspy_opro.proposing.initial import initial_by_predictor, initial_candidates
 from dspy_opro.proposing.meta_prompt import gen_meta_prompt, instruction_md5
 from dspy_opro.proposing.optimizer_calls import propose
@@ -56,6 +57,7 @@ from dspy_opro.record.state import (
     ranked_candidates,
     record_result,
 )
+from dspy_opro.record.summary import CandidateList, attach
 from dspy_opro.scoring.evaluation import AnchoredMetric, ExampleResult, metric_takes_trace
 from dspy_opro.scoring.evaluator import Budget, Evaluator
 from dspy_opro.scoring.scorer import CandidateOutcome, CandidateScorer, EvaluationSetup, ScoringEvent
@@ -97,7 +99,7 @@ class OPRORun:
         for role, lm in roles:
             if lm is not None:
                 check_model_ready(lm, role)
-        self.recorder = RunRecorder(config.folder, num_steps=config.num_steps,
+        self.recorder = RunRecorder(config.folder, num_steps=config.steps,
                                     max_metric_calls=config.max_metric_calls, max_cost=config.max_cost)
         self.ignores_n: set[str] = set()  # optimizer models seen answering an n request with fewer choices
         self.num_threads = config.num_threads or dspy.settings.get("num_threads") or 1
@@ -119,6 +121,11 @@ class OPRORun:
                     split, index = key.split(":")
                     self.anchored.add_anchor(self.data.examples(_split(split))[int(index)], text)
             self.evaluator = Evaluator(num_threads=self.num_threads, executor=config.executor)
+            # Each candidate's scoring is a span its evaluations run under, and is reported to DSPy's callbacks.
+            self.spans = CandidateSpans()
+            if self.spans.enabled:
+                self.evaluator.job_context = self.spans.context_for
+            self.reports = CandidateReports(trainset=self.data.trainset, valset=self.data.valset, metric=metric)
             self.budget = Budget(config.max_metric_calls, config.max_cost, self.state)
             setup = EvaluationSetup(
                 data=self.data, base=self.base, instruction_pos=config.instruction_pos, metric=metric,
@@ -165,7 +172,7 @@ class OPRORun:
             self._log_cost_estimate()
             self._score_pending_of_finished_steps()
             first = len(state.steps) - (0 if not state.steps or state.steps[-1].complete else 1)
-            for step in range(first, self.config.num_steps):
+            for step in range(first, self.config.steps):
                 if state.status == "stopped" or self._check_budget():
                     break
                 self._run_step(step)
@@ -191,8 +198,8 @@ class OPRORun:
 
     def _announce(self) -> None:
         config, n_train = self.config, len(self.data.trainset)
-        logger.info("OPRO: %d steps x %d candidates over %d training examples, predictors %s", config.num_steps,
-                    config.num_candidates, n_train, self.data.targets)
+        logger.info("OPRO: %d steps x %d candidates over %d training examples, predictors %s", config.steps,
+                    config.candidates, n_train, self.data.targets)
         logger.info(self.plan().describe())
         if self.state.metric_calls:
             logger.info("OPRO resumes: %d evaluations and %d steps are already in the record",
@@ -337,7 +344,7 @@ class OPRORun:
             logger.info("Step %d: optimizing %r with exemplars %s", step, predictor, exemplar_indices)
             started = time.time()
             with self._phase(f"step {step} proposals"):
-                proposals = propose(self.models.prompt, meta_prompt, num_candidates=config.num_candidates, step=step,
+                proposals = propose(self.models.prompt, meta_prompt, num_candidates=config.candidates, step=step,
                                     seed=config.seed, temperature=config.temperature, max_tokens=config.max_tokens,
                                     num_threads=self.num_threads, ignores_n=self.ignores_n)
             self._record_usage("optimizer", proposals.usage)
@@ -422,11 +429,13 @@ class OPRORun:
         self.progress.start_phase(phase_name(candidates, split, label_free=self.anchored is not None),
                                   evaluations_due(candidates, split, n_examples=n,
                                                   remaining_budget=self.budget.remaining_calls()))
+        self.spans.start(candidates, split)
         phase = self.scorer.score(candidates, split, baseline=baseline)
         try:
             for event in phase:
                 self._record(event)
         finally:
+            self.spans.end_all()
             self.progress.end_phase()
         if phase.stop_reason is not None:
             self._stop(phase.stop_reason)
@@ -497,6 +506,7 @@ class OPRORun:
         """A candidate whose scoring on a split ended: its status and mean, or why it has none."""
         candidate = self.state.candidates[outcome.candidate_id]
         self._warn_program_errors(candidate, outcome.split)
+        self._observe(candidate, outcome)
         if outcome.split == "val":
             candidate.val_score = outcome.score
         else:
@@ -511,6 +521,18 @@ class OPRORun:
             elif outcome.status == CandidateStatus.UNSCORED:
                 logger.info("Candidate %d unscored: %s", candidate.id, candidate.reason)
         self._show_best()
+
+    def _observe(self, candidate: Candidate, outcome: CandidateOutcome) -> None:
+        """End the candidate's span; report a candidate scored on every example to DSPy's evaluation callbacks."""
+        if outcome.status is not None:
+            status = CandidateStatus(outcome.status).value
+        else:  # a validation scoring: complete or not
+            status = "scored" if outcome.score is not None else "unscored"
+        self.spans.end(outcome.split, candidate.id, status=status, score=outcome.score)
+        if outcome.score is None or (outcome.split == "train" and outcome.status != CandidateStatus.SCORED):
+            return
+        scores = candidate.val_scores if outcome.split == "val" else candidate.scores
+        self.reports.report(lambda: self.setup.program(candidate), split=outcome.split, scores=scores or [])
 
     def _failing_model(self, result: ExampleResult) -> tuple[str, str]:
         """Which model a fatal error came from: the task model, the label-free judge, or the metric's own LM."""
@@ -576,13 +598,19 @@ class OPRORun:
         state = self.state
         assert state.selection is not None
         program = self.setup.program(state.candidates[state.selection.candidate_id])
-        program.candidate_programs = [  # type: ignore[attr-defined]
+        candidates = [
             {"score": c.score, "program": self.setup.program(c), "instructions": dict(c.instructions),
              "step": c.step, "val_score": c.val_score}
             for c in ranked_candidates(state.candidates)
         ]
-        program.opro_run = state  # type: ignore[attr-defined]
-        mark_compiled(program)
+        # Whole in memory; saved with the program only under track_stats (else a summary: record/summary.py).
+        if self.config.track_stats:
+            program.candidate_programs, program.opro_run = candidates, state  # type: ignore[attr-defined]
+        else:
+            program.candidate_programs = CandidateList(candidates)  # type: ignore[attr-defined]
+            program.opro_run = attach(state, self.config.folder)  # type: ignore[attr-defined]
+        # Not marked compiled (``_compiled``), as COPRO and MIPROv2 leave theirs: BootstrapFewShot and other
+        # optimizers refuse a compiled student, and stacking them on OPRO's instructions is the common recipe.
         if self.config.instruction_pos in AFTER_INPUTS:
             logger.warning("instruction_pos=%r: the returned program carries the instruction as the default of an "
                            "extra input field, which DSPy's JSON save (program.save('x.json')) does not keep; save it "

@@ -27,11 +27,13 @@ Example:
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import difflib
 import functools
 import inspect
+import logging
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from dataclasses import replace
 from typing import Any, Literal, ParamSpec, TypeVar
 
@@ -41,8 +43,10 @@ from dspy.teleprompt import Teleprompter
 from dspy_opro.compat import logging_through_dspy
 from dspy_opro.config import ExemplarSelection, OPROConfig
 from dspy_opro.extensions import HardDiverse, Racing, ValGate
+from dspy_opro.record.observers import catch_up_mlflow_autolog, log_settings_to_mlflow
 from dspy_opro.plan import RunPlan
 
+logger = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -92,8 +96,12 @@ class OPROTeleprompter(Teleprompter):
             be selected like any candidate. A list is for a program with one target predictor; with several, a mapping
             ``{predictor name: [instructions]}``. A repeat of the predictor's own instruction or of an earlier text is
             recorded as skipped, not scored. None: only the program's own.
-        num_steps: Optimization steps; each sends the meta-prompt ``num_candidates`` times.
-        num_candidates: Optimizer samples per step (the authors' 8).
+        auto: ``"light"``, ``"medium"`` or ``"heavy"``: a preset of ``num_steps`` and ``num_candidates`` scaled by the
+            training set's size (see the table of presets in the documentation), resolved at ``compile`` and recorded;
+            an explicit ``num_steps`` or ``num_candidates`` wins over it. None: no preset.
+        num_steps: Optimization steps; each sends the meta-prompt ``num_candidates`` times. None: 10, or the ``auto``
+            preset's.
+        num_candidates: Optimizer samples per step (the authors' 8). None: 8, or the ``auto`` preset's.
         num_exemplars: Training problems shown in each meta-prompt (the authors' 3); 0 shows none.
         exemplar_selection: ``"random"`` (the authors' default: a new draw per step), ``"constant"`` (the same draw
             every step) or ``"hard_diverse"`` (problems the instructions fail, spread out by a DPP);
@@ -152,6 +160,10 @@ class OPROTeleprompter(Teleprompter):
 
         display_progress: Show a progress bar per scoring phase (as ``dspy.Evaluate``'s switch), on a terminal or in a
             notebook; output to a file or pipe shows none either way.
+        track_stats: Attach the whole run record to the returned program wherever it goes (as GEPA's
+            ``detailed_results``): ``program.save(path, save_program=True)`` then carries every meta-prompt and score.
+            False: the saved program carries a short summary (``OPRORunSummary``: the selected candidate, its score and
+            step, the record's folder), and the record stays in ``log_dir``.
     """
 
     @suggest_keywords
@@ -164,8 +176,9 @@ class OPROTeleprompter(Teleprompter):
         task_model: dspy.BaseLM | str | None = None,
         # search
         initial_instructions: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
-        num_steps: int = 10,
-        num_candidates: int = 8,
+        auto: Literal["light", "medium", "heavy"] | None = None,
+        num_steps: int | None = None,
+        num_candidates: int | None = None,
         num_exemplars: int = 3,
         exemplar_selection: ExemplarSelection | HardDiverse = "random",
         # meta-prompt
@@ -202,11 +215,12 @@ class OPROTeleprompter(Teleprompter):
         seed: int = 0,
         # observing
         display_progress: bool = True,
+        track_stats: bool = False,
     ):
         super().__init__()
         self.config = OPROConfig(
             metric=metric, prompt_model=prompt_model, task_model=task_model,
-            initial_instructions=initial_instructions, num_steps=num_steps, num_candidates=num_candidates,
+            initial_instructions=initial_instructions, auto=auto, num_steps=num_steps, num_candidates=num_candidates,
             num_exemplars=num_exemplars, exemplar_selection=exemplar_selection,
             max_num_instructions=max_num_instructions, score_threshold=score_threshold,
             num_score_buckets=num_score_buckets, optimizer_family=optimizer_family, instruction_pos=instruction_pos,
@@ -215,9 +229,28 @@ class OPROTeleprompter(Teleprompter):
             predictors=predictors, select=select, top_k=top_k, val_gate=val_gate,
             max_metric_calls=max_metric_calls, max_cost=max_cost, racing=racing, num_threads=num_threads,
             executor=executor, failure_score=failure_score, max_errors=max_errors, log_dir=log_dir, seed=seed,
-            display_progress=display_progress,
+            display_progress=display_progress, track_stats=track_stats,
         )
         self.metric = metric  # as every DSPy teleprompter exposes it
+        catch_up_mlflow_autolog(type(self), _PLAIN_COMPILE)
+
+    def __getattr__(self, name: str) -> Any:
+        # The settings read as attributes (optimizer.num_steps), from the one frozen configuration.
+        if name != "config" and name in _SETTINGS:
+            return getattr(self.config, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _SETTINGS and name != "metric":
+            raise AttributeError(f"the settings of an OPROTeleprompter are fixed when it is made; make a new one with "
+                                 f"{name}={value!r}")
+        super().__setattr__(name, value)
+
+    def get_params(self) -> dict[str, Any]:
+        """The settings by name, as DSPy's teleprompters return theirs: the metric, the models and the executor as
+        given, every other setting JSON-serialisable (an option such as ``Racing(alpha=0.1)`` as its fields).
+        ``num_steps`` and ``num_candidates`` are None where an ``auto`` preset sets them at ``compile``."""
+        return self.config.params()
 
     def compile(
         self,
@@ -249,7 +282,12 @@ class OPROTeleprompter(Teleprompter):
         from dspy_opro.run import OPRORun  # here, not at the top: ``import dspy_opro`` stays cheap
 
         with logging_through_dspy("dspy_opro"):
-            return OPRORun(self.config, student, trainset, valset).execute()
+            config = self.config.for_trainset(len(trainset) if isinstance(trainset, Sized) else 0)
+            if config.auto is not None:
+                logger.info("auto=%r for %d training examples: %d steps x %d candidates", config.auto,
+                            len(trainset), config.steps, config.candidates)
+            log_settings_to_mlflow(config.params())
+            return OPRORun(config, student, trainset, valset).execute()
 
 
     @suggest_keywords
@@ -278,10 +316,10 @@ class OPROTeleprompter(Teleprompter):
         from dspy_opro.plan import initial_count, plan_run, use_local_price_maps_offline
         from dspy_opro.task.data import RunData
 
-        config = self.config
-        data = RunData.build(student, trainset, valset, predictors=config.predictors, label_free=config.label_free,
-                             valset_needed_by=config.valset_needed_by, num_exemplars=config.num_exemplars,
-                             max_metric_calls=config.max_metric_calls)
+        data = RunData.build(student, trainset, valset, predictors=self.config.predictors,
+                             label_free=self.config.label_free, valset_needed_by=self.config.valset_needed_by,
+                             num_exemplars=self.config.num_exemplars, max_metric_calls=self.config.max_metric_calls)
+        config = self.config.for_trainset(len(data.trainset))  # an auto preset, resolved as compile resolves it
         models = config.resolve_models()
         use_local_price_maps_offline([models.prompt, models.task, models.judge])
         plan = plan_run(config, models, data, config.selection_policy(has_valset=bool(data.valset)),
@@ -292,5 +330,8 @@ class OPROTeleprompter(Teleprompter):
         prompt, completion = tokens_per_evaluation
         return plan.with_cost(prompt_tokens=prompt, completion_tokens=completion, measured="stated")
 
+
+_PLAIN_COMPILE = OPROTeleprompter.__dict__["compile"]  # as defined; MLflow's autolog replaces it when it patches
+_SETTINGS = frozenset(spec.name for spec in dataclasses.fields(OPROConfig))
 
 OPRO = OPROTeleprompter

@@ -46,12 +46,6 @@ def test_lm_engine_is_what_the_lm_was_built_with():
     assert compat.lm_engine(object()) is None
 
 
-def test_mark_compiled_sets_dspys_flag():
-    program = dspy.Predict("question -> answer")
-    compat.mark_compiled(program)
-    assert program._compiled is True
-
-
 def test_usage_tracker_and_callbacks_are_dspys_own_types():
     from dspy_opro.scoring.usage import LMCallCounter
 

@@ -148,7 +148,7 @@ def test_a_mistyped_keyword_suggests_the_setting():
         OPROTeleprompter(toy_metric, num_step=3)
     assert str(raised.value) == "OPROTeleprompter() got an unexpected keyword argument 'num_step'; did you mean " \
                                 "'num_steps'?"
-    with pytest.raises(TypeError, match=r"'bogus'; the known arguments are \['display_progress', "):
+    with pytest.raises(TypeError, match=r"'bogus'; the known arguments are \['auto', 'display_progress', "):
         OPROTeleprompter(toy_metric, bogus=1)
 
 

@@ -12,8 +12,9 @@ recorded cost) and adds the evaluations in flight, so nothing is counted twice.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextvars
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from dspy_opro.compat import current_context, run_in_context
@@ -113,6 +114,10 @@ class Evaluator:
         executor: Any ``concurrent.futures.Executor``; jobs are pickled if it runs them in other processes.
     """
 
+    # The context a job runs in, given its split and candidate id (the run's spans set it); None: a plain copy of
+    # the caller's. Only for the evaluator's own threads: an executor's jobs may leave the process.
+    job_context: Callable[[str, int], contextvars.Context] | None = None
+
     def __init__(self, *, num_threads: int = 1, executor: cf.Executor | None = None):
         self.num_threads = max(1, num_threads)
         self._external = executor
@@ -130,8 +135,10 @@ class Evaluator:
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="opro-eval")
         # The worker adopts the caller's DSPy settings and active call id, so callbacks and tracing nest the
-        # evaluation under the compile that started it, as DSPy's own parallel executor does.
-        return self._pool.submit(run_in_context, current_context(), run_example, job)
+        # evaluation under the compile that started it, as DSPy's own parallel executor does; and it runs in a copy
+        # of the caller's contextvars context, so the user's context values and spans contain the program run.
+        return self._pool.submit(caller_context(self.job_context, job).run, run_in_context, current_context(),
+                                 run_example, job)
 
     def run(self, jobs: Iterable[ExampleJob], budget: Budget) -> Batch:
         """The results of ``jobs``, run in order until done or the budget is spent (then ``stop_reason`` says why).
@@ -147,4 +154,13 @@ class Evaluator:
             self._pool = None
 
 
-__all__ = ["Batch", "Budget", "Evaluator"]
+def caller_context(job_context: Callable[[str, int], contextvars.Context] | None,
+                   job: ExampleJob) -> contextvars.Context:
+    """The context ``job`` runs in: a copy of the calling thread's ``contextvars`` context (as
+    ``contextvars.copy_context()`` gives), or the one ``job_context`` makes for its candidate."""
+    if job_context is None:
+        return contextvars.copy_context()
+    return job_context(job.split, job.candidate_id)
+
+
+__all__ = ["Batch", "Budget", "Evaluator", "caller_context"]

@@ -1,0 +1,96 @@
+"""The settings as DSPy's teleprompters show theirs (``get_params()``, attributes) and the ``auto`` presets: the
+table of docs/method.md is the code's, a preset's steps and candidates reach the endpoint, explicit values win."""
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import dspy
+import pytest
+
+from dspy_opro import OPRO, Racing
+from dspy_opro.config import AUTO_PRESETS, OPROConfig, auto_plan
+from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
+
+DOCS = Path(__file__).parent.parent / "docs"
+OBJECTS = {"metric", "prompt_model", "task_model", "executor"}
+
+
+def test_get_params_returns_every_setting_by_name_json_apart_from_the_objects():
+    task = dspy.LM("openai/task-model")
+    optimizer = OPRO(simulated_metric, task_model=task, prompt_model="openai/optimizer", num_steps=3,
+                     racing=Racing(alpha=0.1), predictors=["predict"], initial_instructions=["Be exact."])
+    params = optimizer.get_params()
+    assert list(params) == [spec.name for spec in dataclasses.fields(OPROConfig)]
+    assert params["metric"] is simulated_metric and params["task_model"] is task
+    assert params["prompt_model"] == "openai/optimizer" and params["executor"] is None
+    assert (params["num_steps"], params["num_candidates"], params["racing"], params["predictors"]) == (
+        3, 8, {"alpha": 0.1}, ["predict"])
+    assert params["initial_instructions"] == ["Be exact."]
+    rest = {name: value for name, value in params.items() if name not in OBJECTS}
+    assert json.loads(json.dumps(rest)) == rest
+
+
+def test_the_settings_read_as_attributes_and_stay_fixed():
+    optimizer = OPRO(simulated_metric, num_steps=4, top_k=2)
+    assert (optimizer.num_steps, optimizer.num_candidates, optimizer.top_k, optimizer.auto) == (4, 8, 2, None)
+    assert optimizer.metric is simulated_metric
+    with pytest.raises(AttributeError, match="make a new one with num_steps=5"):
+        optimizer.num_steps = 5
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        optimizer.nonsense  # noqa: B018
+
+
+def test_auto_is_checked_when_the_optimizer_is_made():
+    with pytest.raises(ValueError, match="auto must be one of 'light', 'medium', 'heavy' or None; got 'huge'"):
+        OPRO(simulated_metric, auto="huge")
+
+
+def table_rows(text: str, heading: str) -> list[list[str]]:
+    section = text[text.index(heading):]
+    section = section[:section.find("\n## ", 1)] if "\n## " in section[1:] else section
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("| ") and not line.startswith("| ---")][1:]
+
+
+def test_the_presets_table_is_the_codes():
+    rows = table_rows((DOCS / "method.md").read_text(encoding="utf-8"), "## Presets (`auto`)")
+    assert [row[0] for row in rows] == [f'`"{name}"`' for name in AUTO_PRESETS]
+    for row, (name, preset) in zip(rows, AUTO_PRESETS.items(), strict=True):
+        assert row[1:4] == [str(preset.num_candidates), f"{preset.evaluations:,}",
+                            f"{preset.min_steps}-{preset.max_steps}"]
+        for cell, n_train in zip(row[4:], (20, 50, 200), strict=True):
+            steps, candidates = auto_plan(name, n_train)
+            found = re.fullmatch(r"(\d+) steps: ([\d,]+) program runs, (\d+) optimizer calls \(([\d,]+) without `n`\)",
+                                 cell)
+            assert found, cell
+            assert [int(group.replace(",", "")) for group in found.groups()] == [
+                steps, n_train * (1 + steps * candidates), steps, steps * candidates]
+
+
+def test_presets_scale_with_the_trainset_and_explicit_values_win():
+    assert [auto_plan("medium", n) for n in (10, 20, 50, 1000)] == [(24, 8), (12, 8), (4, 8), (4, 8)]
+    config = OPROConfig(metric=simulated_metric, auto="light", num_candidates=2)
+    assert (config.num_steps, config.num_candidates) == (None, 2)
+    resolved = config.for_trainset(20)
+    assert (resolved.num_steps, resolved.num_candidates, resolved.auto) == ((400 // 20 - 1) // 4, 2, "light")
+    assert OPROConfig(metric=simulated_metric, auto="heavy", num_steps=1).for_trainset(20).num_steps == 1
+
+
+def test_a_preset_reaches_the_endpoint_and_the_record():
+    trainset = simulated_dataset(50, seed=2)
+    with SimulatedEndpoint() as endpoint:
+        optimizer = OPRO(simulated_metric, prompt_model=endpoint.lm("openai/sim-optimizer"),
+                         task_model=endpoint.lm("openai/sim-task"), auto="light", num_threads=8,
+                         display_progress=False)
+        compiled = optimizer.compile(dspy.Predict("question -> answer"), trainset=trainset)
+        opro_requests = [r for r in endpoint.requests if r.kind == "opro"]
+        task_calls = endpoint.count("task")
+    steps, candidates = auto_plan("light", 50)
+    assert (steps, candidates) == (2, 4)
+    record = compiled.opro_run
+    assert (record.config["auto"], record.config["num_steps"], record.config["num_candidates"]) == ("light", 2, 4)
+    assert len(opro_requests) == steps and {r.n for r in opro_requests} == {candidates}
+    assert task_calls == record.metric_calls == 50 * len(record.scored()) <= 50 * (1 + steps * candidates)
+    assert optimizer.num_steps is None  # the optimizer keeps the preset; the run recorded what it resolved to
