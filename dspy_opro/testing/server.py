@@ -316,8 +316,8 @@ class SimulatedEndpoint:
         if faults.n_cap is not None and n > faults.n_cap:
             record.fault = "n_cap"
             message = N_CAP_MESSAGE.format(cap=faults.n_cap, n=n)
-            error = {"error": {"code": 400, "message": message, "type": "invalid_request_error"}}  # llama.cpp's shape
-            send(400, json.dumps(error).encode())
+            refusal = {"error": {"code": 400, "message": message, "type": "invalid_request_error"}}  # llama.cpp's shape
+            send(400, json.dumps(refusal).encode())
             return
         self._wait(self._latency_for(record.index))
         if fault == "rate_limit":
