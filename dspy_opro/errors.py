@@ -128,7 +128,7 @@ def classify_exception(exc: BaseException) -> FailureClass:
 
 
 # A 400 that names the request's n (or its choices): "n must be <= 4", "Only one completion choice is allowed".
-_NAMES_N = re.compile(r"(?<![\w.\-'])n(?![\w'\-])|\bn_choices\b|\bchoices?\b", re.IGNORECASE)
+_NAMES_N = re.compile(r"(?<![\w.\-])n(?![\w\-]|'t)|\bn_choices\b|\bchoices?\b", re.IGNORECASE)
 
 
 def rejects_n(exc: BaseException) -> bool:
