@@ -158,8 +158,9 @@ def trajectory_rows(state: RunState) -> list[dict[str, Any]]:
 
 
 def format_usage(usage: UsageRecord) -> str:
-    """A Markdown table of calls, cache hits, tokens (the prompt tokens served from the provider's prompt cache
-    too) and cost for the optimizer, the task and in total, then one row per model when known. A cost is ``unknown`` when no call had a price and ``≥ $x`` when some had none."""
+    """A Markdown table of calls, cache hits, tokens (with the prompt tokens served from the provider's prompt
+    cache) and cost for the optimizer, the task and in total, then one row per model when known. A cost is
+    ``unknown`` when no call had a price and ``≥ $x`` when some had none."""
     total = ModelUsage()
     total.add(usage.optimizer)
     total.add(usage.task)

@@ -108,7 +108,8 @@ class SimulatedEndpoint:
             the hook for prompts the simulated model does not answer itself.
 
     Use as a context manager or call ``start()``/``stop()``. Routes: ``POST /v1/chat/completions``,
-    ``GET /v1/models``; anything else gets a 404 JSON error.
+    ``GET /v1/models``; anything else gets a 404 JSON error. A choice longer than the request's ``max_tokens`` (or
+    ``max_completion_tokens``) is cut there, with ``finish_reason: "length"``, as a real server's would be.
 
     When a request's ``temperature`` is absent or positive, repeating an identical request draws new samples (as
     a sampling model would), so n separate ``n=1`` requests give n different proposals; ``reset_log()`` resets
@@ -346,6 +347,11 @@ class SimulatedEndpoint:
             if faults.leaves_unclosed(record.index, kind, self.seed, choice):
                 contents[choice] = unclosed_reply(content, sample=choice, seed=self.seed)
                 record.unclosed += 1
+        limit = request.get("max_completion_tokens") or request.get("max_tokens")
+        cut = [isinstance(limit, int) and count_tokens(content) > limit for content in contents]
+        if isinstance(limit, int) and limit > 0:  # a real server never generates more than max_tokens
+            contents = [" ".join(content.split()[:limit]) if over else content
+                        for content, over in zip(contents, cut, strict=True)]
         record.choices = len(contents)
         record.completion_tokens = sum(count_tokens(content) for content in contents)
         reported = record.completion_tokens
@@ -381,7 +387,7 @@ class SimulatedEndpoint:
                     "index": i,
                     "message": {"role": "assistant", "content": content},
                     "logprobs": None,
-                    "finish_reason": "stop",
+                    "finish_reason": "length" if i < len(cut) and cut[i] else "stop",
                 }
                 for i, content in enumerate(contents)
             ],
