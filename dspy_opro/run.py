@@ -281,6 +281,7 @@ class OPRORun:
     def _run_step(self, step: int) -> None:
         state, config = self.state, self.config
         record = state.steps[step] if step < len(state.steps) else None
+        asked_now = record is None  # a resumed step's proposals were asked (or skipped) by the run before
         if record is None:
             predictor = self.data.targets[step % len(self.data.targets)]
             exemplar_indices = self.exemplars.draw(step, predictor, state)
@@ -318,7 +319,7 @@ class OPRORun:
                     len(fates) - scored - fates.count("duplicate"), record.failed_calls)
         self._score(new, "train", baseline=self._baseline(record))
         self._warn_unscored(new, f"Step {step}")
-        if record.skipped_calls and record.skip_reason:
+        if asked_now and record.skipped_calls and record.skip_reason:
             self._stop(f"{record.skip_reason}: step {step} asked for {config.num_candidates - record.skipped_calls} "
                        f"of its {config.num_candidates} proposals")
         best = state.best()

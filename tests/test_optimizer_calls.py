@@ -154,14 +154,21 @@ def test_no_optimizer_request_is_sent_whose_worst_case_does_not_fit_in_max_cost(
 
 
 @pytest.mark.slow
-def test_an_optimizer_request_that_cannot_fit_at_all_is_not_sent(endpoint):
+def test_an_optimizer_request_that_cannot_fit_at_all_is_not_sent_and_a_larger_budget_continues(endpoint, tmp_path):
     train = simulated_dataset(4)
     start = start_bill(endpoint, train)
-    run = compile_run(endpoint, trainset=train, opt=PRICED_OPT, task=PRICED_TASK, num_steps=2, num_candidates=4,
-                      num_threads=1, max_tokens=1024, max_cost=start * 1.01).opro_run
+    options = {"opt": PRICED_OPT, "task": PRICED_TASK, "num_steps": 2, "num_candidates": 4, "num_threads": 1,
+               "max_tokens": 1024, "log_dir": tmp_path}
+    run = compile_run(endpoint, trainset=train, max_cost=start * 1.01, **options).opro_run
     assert opro(endpoint) == []
     assert [(s.skipped_calls, s.replies) for s in run.steps] == [(4, [])]
     assert run.status == "stopped" and "step 0 asked for 0 of its 4 proposals" in run.stop_reason
+    assert "- Optimizer proposals not asked for (max_cost): 4" in (tmp_path / REPORT_FILE).read_text()
+    # Compiled again with room, the run goes on with step 1 (step 0's skipped proposals are not asked again).
+    endpoint.reset_log()
+    resumed = compile_run(endpoint, trainset=train, max_cost=1.0, **options).opro_run
+    assert [(r.n, r.status) for r in opro(endpoint)] == [(4, 200)]
+    assert resumed.status == "finished" and [len(s.replies) for s in resumed.steps] == [0, 4]
 
 
 # ------------------------------------------------------------------------------------------ unclosed replies
