@@ -298,6 +298,9 @@ class OPRORun:
                                 num_threads=self.num_threads, ignores_n=self.ignores_n,
                                 cost_left=self._cost_left())
             self._record_usage("optimizer", proposals.usage)
+            if proposals.usage_undercount is not None:
+                state.optimizer_usage_undercount.setdefault(getattr(self.models.prompt, "model", "optimizer"),
+                                                            proposals.usage_undercount)
             if proposals.single_choice is not None:
                 state.optimizer_single_choice.setdefault(getattr(self.models.prompt, "model", "optimizer"),
                                                          proposals.single_choice)

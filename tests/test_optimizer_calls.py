@@ -220,3 +220,23 @@ def test_replies_without_their_closing_tag_are_recorded_as_unclosed_and_scored_a
     assert "- Optimizer replies without their closing tag: 3 of 3" in report
     step_report = (tmp_path / "steps" / "000" / "report.md").read_text()
     assert "- Optimizer replies: 3 (unclosed 3)" in step_report
+
+
+# ------------------------------------------------------------------------------------- usage of the first choice
+
+
+@pytest.mark.slow
+def test_a_server_counting_only_the_first_choice_is_named_in_the_record(endpoint, tmp_path, caplog):
+    endpoint.faults = FaultConfig(usage_first_choice_only=True)  # llama-server with n > 1
+    with caplog.at_level(logging.WARNING, logger="dspy_opro"):
+        run = compile_run(endpoint, trainset=simulated_dataset(4), num_steps=1, num_candidates=3, num_threads=1,
+                          log_dir=tmp_path).opro_run
+    (request,) = opro(endpoint)
+    assert request.reported_completion_tokens < request.completion_tokens
+    # The record holds what the server reported, and names the server's undercount.
+    assert run.usage.optimizer.completion_tokens == request.reported_completion_tokens
+    why = run.optimizer_usage_undercount[OPT]
+    assert why.startswith(f"its usage counted {request.reported_completion_tokens} completion tokens for 3 choices "
+                          f"that hold at least {request.completion_tokens}")
+    assert sum(f"The optimizer model {OPT!r}: {why}." == r.getMessage() for r in caplog.records) == 1
+    assert f"- Optimizer `{OPT}` under-reports its usage: its usage counted" in (tmp_path / REPORT_FILE).read_text()

@@ -74,6 +74,26 @@ class Proposals:
     skipped_calls: int = 0  # proposals not asked for because their worst-case cost did not fit in max_cost
     skip_reason: str | None = None
     answered_calls: int = 0  # requests that returned at least one choice
+    usage_undercount: str | None = None  # the provider's usage counted fewer completion tokens than it served
+
+
+def usage_undercount(outputs: list[Any], usage: dict[str, ModelUsage]) -> str | None:
+    """What is wrong with the usage of a request answered with several choices, when it counts too few tokens.
+
+    A tokenizer that splits at whitespace first (GPT's byte-level BPE, SentencePiece) never puts two words in one
+    token, so the choices hold at least as many tokens as words. A provider whose ``usage.completion_tokens`` is
+    below that counted only some choices (``llama-server`` counts the first one when ``n > 1``).
+    """
+    paid = [u for u in usage.values() if u.calls > u.cache_hits]
+    if len(outputs) < 2 or not paid:
+        return None
+    reported = sum(u.completion_tokens for u in paid)
+    words = sum(len(_reply_text(output).split()) for output in outputs)
+    if reported >= words:
+        return None
+    return (f"its usage counted {reported} completion tokens for {len(outputs)} choices that hold at least {words} "
+            "(a server that counts only the first choice, as llama-server does with n > 1): the recorded optimizer "
+            "tokens and cost are too low")
 
 
 def prompt_token_bound(lm: Any, text: str) -> int:
@@ -295,6 +315,9 @@ def propose(
             ask_one_at_a_time(why, list(range(n)))
         elif result.outputs is not None:
             outputs = result.outputs
+            proposals.usage_undercount = usage_undercount(outputs, result.usage)
+            if proposals.usage_undercount is not None:
+                logger.warning("The optimizer model %r: %s.", model, proposals.usage_undercount)
             proposals.replies.extend(_reply_text(output) for output in outputs[:n])
             if n > 1 and len(outputs) < n:
                 why = f"it answered a request for {n} choices with {len(outputs)}"

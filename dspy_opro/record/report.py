@@ -297,6 +297,8 @@ def _optimizer_lines(state: RunState) -> list[str]:
         lines.append(f"- Optimizer replies without their closing tag: {unclosed} of {replies}")
     for model, why in state.optimizer_single_choice.items():
         lines.append(f"- Optimizer {code(model)} asked one choice per request: {inline(why)}")
+    for model, why in state.optimizer_usage_undercount.items():
+        lines.append(f"- Optimizer {code(model)} under-reports its usage: {inline(why)}")
     return lines
 
 

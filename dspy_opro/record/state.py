@@ -330,6 +330,10 @@ class RunState(BaseModel):
     optimizer_single_choice: dict[str, str] = Field(default_factory=dict)
     """Optimizer models asked one choice per request, by model name, with why: the model answered an `n` request
     with fewer choices, or refused it (an HTTP 400 naming `n`). A resumed run never sends them an `n` request."""
+    optimizer_usage_undercount: dict[str, str] = Field(default_factory=dict)
+    """Optimizer models whose `usage` counted fewer completion tokens than their choices hold (a server that counts
+    only the first of `n` choices), by model name, with the first such finding: their recorded tokens and cost are
+    too low."""
     anchors: dict[str, str] = Field(default_factory=dict)
     """Label-free OPRO: the starting program's trajectory on each example (`"split:index"`), judged against."""
     selection: Selection | None = None
