@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from typing import Any, Literal
 
@@ -59,6 +60,10 @@ class MetricError(OPRORunError, ValueError):
 
 class FatalLMError(OPRORunError):
     """Authentication, permission, billing or configuration failure of a model: retrying cannot help."""
+
+
+class OptimizerUnavailableError(OPRORunError):
+    """No call to the optimizer model succeeded in the whole run (every one failed after its retry)."""
 
 
 class ProgramError(OPRORunError):
@@ -120,6 +125,24 @@ def classify_exception(exc: BaseException) -> FailureClass:
     if type(exc) is LMProviderError:  # an unclassified provider answer, e.g. a malformed body: transient
         return "infra"
     return "failed"
+
+
+# A 400 that names the request's n (or its choices): "n must be <= 4", "Only one completion choice is allowed".
+_NAMES_N = re.compile(r"(?<![\w.\-])n(?![\w\-]|'t)|\bn_choices\b|\bchoices?\b", re.IGNORECASE)
+
+
+def rejects_n(exc: BaseException) -> bool:
+    """Whether a model call was refused because of its ``n`` (several choices): an HTTP 400 whose message names it.
+
+    llama.cpp's ``llama-server`` answers ``n`` above its slot count with a 400; DSPy raises it as
+    ``LMInvalidRequestError`` (status 400). Other 400s (a bad parameter, a prompt too long) are not this.
+    """
+    for error in _cause_chain(exc):
+        status = getattr(error, "status", None) or getattr(error, "status_code", None)
+        if status == 400 or type(error).__name__ in ("LMInvalidRequestError", "BadRequestError"):
+            if not isinstance(error, ContextWindowExceededError) and _NAMES_N.search(str(error)):
+                return True
+    return False
 
 
 def clean_text(text: str) -> str:
@@ -198,10 +221,12 @@ __all__ = [
     "LogDirError",
     "MetricError",
     "OPRORunError",
+    "OptimizerUnavailableError",
     "ProgramError",
     "check_model_ready",
     "classify_exception",
     "clean_text",
     "describe_exception",
     "fatal_lm_error",
+    "rejects_n",
 ]

@@ -30,7 +30,14 @@ import dspy
 
 from dspy_opro.compat import user_stacklevel
 from dspy_opro.config import OPROConfig
-from dspy_opro.errors import FatalLMError, MetricError, OPRORunError, ProgramError, check_model_ready
+from dspy_opro.errors import (
+    FatalLMError,
+    MetricError,
+    OPRORunError,
+    OptimizerUnavailableError,
+    ProgramError,
+    check_model_ready,
+)
 from dspy_opro.plan import RunPlan, initial_count, plan_run, use_local_price_maps_offline
 from dspy_opro.record.observers import CandidateReports, CandidateSpans
 from dspy_opro.proposing.initial import initial_by_predictor, initial_candidates
@@ -115,6 +122,7 @@ class OPRORun:
                                          valset=self.data.valset, program=self.base)
         saved = self.recorder.open(fingerprint)
         self.state = saved if saved is not None else self._new_record(fingerprint)
+        self.ignores_n.update(self.state.optimizer_single_choice)  # found by the run this one resumes
         try:
             if self.anchored is not None:  # a resumed run judges against the anchors it recorded
                 for key, text in self.state.anchors.items():
@@ -176,6 +184,7 @@ class OPRORun:
                 if state.status == "stopped" or self._check_budget():
                     break
                 self._run_step(step)
+            self._check_optimizer_answered()
             with self._phase("selection"):
                 self._select()
             self._end_session(state.status)
@@ -327,10 +336,12 @@ class OPRORun:
             if self.state.status == "stopped":
                 break
             self._score([c for c in pending if c.step == step], "train", baseline=self._baseline(steps[step]))
+        self._warn_unscored(pending, "Scoring again")
 
     def _run_step(self, step: int) -> None:
         state, config = self.state, self.config
         record = state.steps[step] if step < len(state.steps) else None
+        asked_now = record is None  # a resumed step's proposals were asked (or skipped) by the run before
         if record is None:
             predictor = self.data.targets[step % len(self.data.targets)]
             exemplar_indices = self.exemplars.draw(step, predictor, state)
@@ -346,11 +357,19 @@ class OPRORun:
             with self._phase(f"step {step} proposals"):
                 proposals = propose(self.models.prompt, meta_prompt, num_candidates=config.candidates, step=step,
                                     seed=config.seed, temperature=config.temperature, max_tokens=config.max_tokens,
-                                    num_threads=self.num_threads, ignores_n=self.ignores_n)
+                                    num_threads=self.num_threads, ignores_n=self.ignores_n,
+                                    cost_left=self._cost_left())
             self._record_usage("optimizer", proposals.usage)
+            if proposals.usage_undercount is not None:
+                state.optimizer_usage_undercount.setdefault(getattr(self.models.prompt, "model", "optimizer"),
+                                                            proposals.usage_undercount)
+            if proposals.single_choice is not None:
+                state.optimizer_single_choice.setdefault(getattr(self.models.prompt, "model", "optimizer"),
+                                                         proposals.single_choice)
             record = Step(step=step, predictor=predictor, exemplar_indices=exemplar_indices, meta_prompt=meta_prompt,
                           temperature=config.temperature, failed_calls=proposals.failed_calls,
-                          errors=proposals.errors, started_at=started)
+                          errors=proposals.errors, skipped_calls=proposals.skipped_calls,
+                          skip_reason=proposals.skip_reason, started_at=started)
             if config.racing:  # the best at the start of the step, fixed for the step (and for its resumption)
                 record.race_against = (state.best() or state.candidates[START_ID]).id
             self._triage(record, proposals.replies)
@@ -359,11 +378,16 @@ class OPRORun:
             self._check_empty_steps()
         new = [c for c in state.candidates if c.step == step and c.status == CandidateStatus.PENDING]
         fates = [reply.fate for reply in record.replies]
-        logger.info("Step %d: %d replies, %d new, %d duplicates, %d skipped, %d failed calls", step, len(fates),
-                    fates.count("new"), fates.count("duplicate"),
-                    len(fates) - fates.count("new") - fates.count("duplicate"), record.failed_calls)
+        scored = fates.count("new") + fates.count("unclosed")
+        logger.info("Step %d: %d replies, %d new (%d without their closing tag), %d duplicates, %d skipped, %d failed "
+                    "calls", step, len(fates), scored, fates.count("unclosed"), fates.count("duplicate"),
+                    len(fates) - scored - fates.count("duplicate"), record.failed_calls)
         with self._phase(f"step {step} scoring"):
             self._score(new, "train", baseline=self._baseline(record))
+        self._warn_unscored(new, f"Step {step}")
+        if asked_now and record.skipped_calls and record.skip_reason:
+            self._stop(f"{record.skip_reason}: step {step} asked for {config.candidates - record.skipped_calls} "
+                       f"of its {config.candidates} proposals")
         best = state.best()
         record.best_score = best.score if best is not None else None
         record.complete = state.status != "stopped"
@@ -373,6 +397,36 @@ class OPRORun:
         self.recorder.write_step_report(state, step)
         if best is not None:
             logger.info("Step %d: best training score so far %.1f", step, 100 * (best.score or 0.0))
+
+    def _cost_left(self) -> float | None:
+        """USD left under ``max_cost`` for the next optimizer requests (None: no limit)."""
+        if self.config.max_cost is None:
+            return None
+        return max(0.0, self.config.max_cost - self.state.usage.total_cost)
+
+    def _warn_unscored(self, candidates: list[Candidate], where: str) -> None:
+        """One WARNING for the candidates an outage left unscored after the retry: how many, and why."""
+        unscored = [c for c in candidates if c.status == CandidateStatus.UNSCORED]
+        if unscored:
+            logger.warning("%s: %d candidate%s left unscored by infrastructure failures after a retry (%s; last: %s). "
+                           "Compiling again with the same log_dir scores them again.", where, len(unscored),
+                           "s" if len(unscored) > 1 else "", ", ".join(str(c.id) for c in unscored),
+                           unscored[-1].reason)
+
+    def _check_optimizer_answered(self) -> None:
+        """A run whose optimizer calls all failed learned nothing: it raises rather than return the start."""
+        steps = self.state.steps
+        if not steps or any(record.replies for record in steps) or not any(record.failed_calls for record in steps):
+            return
+        errors = [error for record in steps for error in record.errors]
+        model = getattr(self.models.prompt, "model", repr(self.models.prompt))
+        calls = sum(record.failed_calls for record in steps)
+        self._stop(f"no optimizer call succeeded ({calls} failed)")
+        raise OptimizerUnavailableError(
+            f"no call to the optimizer model {model!r} succeeded in {len(steps)} step{'s' if len(steps) > 1 else ''} "
+            f"({calls} failed after a retry); last error: {errors[-1] if errors else 'none recorded'}. Nothing was "
+            "learned, so the start is not returned as a result. Fix the optimizer model's provider and compile again "
+            "with the same log_dir: what was scored is kept.")
 
     def _baseline(self, record: Step) -> Candidate | None:
         """The candidate a step's new candidates are scored against (racing), fixed when the step began."""
@@ -403,17 +457,18 @@ class OPRORun:
                                       max_instruction_chars=config.max_instruction_chars):
             text, instruction, fate, reason = verdict.text, verdict.instruction, verdict.fate, verdict.reason
             if instruction is None or verdict.md5 is None or fate == "duplicate":
-                record.replies.append(Reply(text=text, instruction=instruction, fate=fate,
+                record.replies.append(Reply(text=text, instruction=instruction, fate=fate, unclosed=verdict.unclosed,
                                             candidate_id=seen.get(verdict.md5) if verdict.md5 else None))
                 continue
-            status = CandidateStatus.SKIPPED if reason else CandidateStatus.PENDING
+            status = CandidateStatus.SKIPPED if fate not in ("new", "unclosed") else CandidateStatus.PENDING
             candidate = Candidate(id=len(state.candidates), step=record.step, predictor=predictor,
                                   instruction=instruction, instructions={**best.instructions, predictor: instruction},
                                   md5=verdict.md5, status=status, reason=reason,
                                   scores=[] if reason else [None] * len(self.data.trainset))
             state.candidates.append(candidate)
             seen[verdict.md5] = candidate.id
-            record.replies.append(Reply(text=text, instruction=instruction, fate=fate, candidate_id=candidate.id))
+            record.replies.append(Reply(text=text, instruction=instruction, fate=fate, unclosed=verdict.unclosed,
+                                        candidate_id=candidate.id))
 
     # ------------------------------------------------------------------------------------------------------------
     # Scoring and recording what it returns
@@ -592,6 +647,12 @@ class OPRORun:
         state.selection = self.selection.decide(state, has_valset=has_valset)
         if state.status != "stopped":
             state.status = "finished"
+            unscored = sum(c.status == CandidateStatus.UNSCORED for c in state.candidates)
+            if unscored:
+                state.stop_reason = (f"finished with {unscored} candidate{'s' if unscored > 1 else ''} unscored "
+                                     "(infrastructure)")
+                logger.warning("OPRO %s: compiling again with the same log_dir scores them once the provider is back",
+                               state.stop_reason)
         logger.info("OPRO selected candidate %d (%s)", state.selection.candidate_id, state.selection.reason)
 
     def _result(self) -> dspy.Module:

@@ -27,7 +27,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "validation": {"select": "validation", "top_k": 2},
     "val_gate": {"val_gate": True},
     "label_free": {"label_free": True},
-    "budget": {"max_cost": 0.0008},
+    # The optimizer's worst case (n x max_tokens at its price) is bounded before each request: a cheap optimizer and
+    # a small max_tokens leave the budget to be met by the evaluations, whose overshoot across kills is the subject.
+    "budget": {"max_cost": 0.0004, "max_tokens": 10, "prompt_model": TASK},
 }
 
 
@@ -38,10 +40,11 @@ def datasets() -> tuple[list[dspy.Example], list[dspy.Example]]:
 def build(base_url: str, log_dir: str, scenario: str) -> tuple[OPROTeleprompter, dspy.Module]:
     connection = {"api_base": base_url, "api_key": "offline", "engine": "litellm", "cache": False, "num_retries": 0}
     options = dict(SCENARIOS[scenario])
+    optimizer = options.pop("prompt_model", OPTIMIZER)
     metric: Any = simulated_metric
     if options.pop("label_free", False):
         metric = PairwisePreference(judge_model=dspy.LM(JUDGE, **connection))
-    teleprompter = OPROTeleprompter(metric, prompt_model=dspy.LM(OPTIMIZER, **connection),
+    teleprompter = OPROTeleprompter(metric, prompt_model=dspy.LM(optimizer, **connection),
                                     task_model=dspy.LM(TASK, **connection), num_steps=2, num_candidates=2,
                                     num_threads=1, log_dir=log_dir, **options)
     return teleprompter, dspy.Predict("question -> answer")

@@ -338,16 +338,16 @@ def test_run_report_trajectory_table(state: RunState) -> None:
 
 def test_format_usage_table(state: RunState) -> None:
     assert format_usage(state.usage).splitlines() == [
-        "| Role | Calls | Cache hits | Prompt tokens | Completion tokens | Cost |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
-        "| optimizer | 16 | 0 | 24,180 | 3,120 | $0.0123 |",
-        "| task | 310 | 22 | 151,234 | 9,876 | unknown |",
-        "| total | 326 | 22 | 175,414 | 12,996 | ≥ $0.0123 |",
+        "| Role | Calls | Cache hits | Prompt tokens | Cached prompt tokens | Completion tokens | Cost |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| optimizer | 16 | 0 | 24,180 | 0 | 3,120 | $0.0123 |",
+        "| task | 310 | 22 | 151,234 | 0 | 9,876 | unknown |",
+        "| total | 326 | 22 | 175,414 | 0 | 12,996 | ≥ $0.0123 |",
         "",
-        "| Model | Calls | Cache hits | Prompt tokens | Completion tokens | Cost |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
-        "| `openai/gpt-4o-mini` | 16 | 0 | 24,180 | 3,120 | $0.0123 |",
-        "| `hosted_vllm/llama-3-8b` | 310 | 22 | 151,234 | 9,876 | unknown |",
+        "| Model | Calls | Cache hits | Prompt tokens | Cached prompt tokens | Completion tokens | Cost |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| `openai/gpt-4o-mini` | 16 | 0 | 24,180 | 0 | 3,120 | $0.0123 |",
+        "| `hosted_vllm/llama-3-8b` | 310 | 22 | 151,234 | 0 | 9,876 | unknown |",
     ]
 
 
@@ -365,9 +365,9 @@ def test_format_usage_table(state: RunState) -> None:
 def test_format_usage_cost(cost: float, unpriced: int, expected: str) -> None:
     usage = UsageRecord(optimizer=ModelUsage(calls=5, cost=cost, unpriced_calls=unpriced))
     lines = format_usage(usage).splitlines()
-    assert lines[2] == f"| optimizer | 5 | 0 | 0 | 0 | {expected} |"
-    assert lines[3] == "| task | 0 | 0 | 0 | 0 | $0.00 |"
-    assert lines[4] == f"| total | 5 | 0 | 0 | 0 | {expected} |"
+    assert lines[2] == f"| optimizer | 5 | 0 | 0 | 0 | 0 | {expected} |"
+    assert lines[3] == "| task | 0 | 0 | 0 | 0 | 0 | $0.00 |"
+    assert lines[4] == f"| total | 5 | 0 | 0 | 0 | 0 | {expected} |"
     assert len(lines) == 5  # no per-model table when no model is known
 
 

@@ -97,8 +97,8 @@ def test_max_cost_holds_across_a_kill(tmp_path):
     spent, crossed, billed = 0.0, None, [r for r in before if key(r) not in lost] + after
     for position, record in enumerate(billed):
         spent += price(record)
-        if crossed is None and spent >= 0.0008:
+        if crossed is None and spent >= 0.0004:
             crossed = position
-    assert resumed.status == "stopped" and resumed.stop_reason.startswith("max_cost=$0.0008 reached")
+    assert resumed.status == "stopped" and resumed.stop_reason.startswith("max_cost=$0.0004 reached")
     assert crossed is not None and crossed >= len(before) and len(billed) - 1 - crossed == 0
     assert resumed.usage.total_cost == pytest.approx(spent, rel=1e-9)

@@ -6,6 +6,12 @@ skipped ones included), and skips the survivors that fail their filters. :func:`
 sample order and says, per reply, what happened and why. It holds no state of the run: the caller passes the md5s
 it has seen and turns the verdicts into candidates. The differences from the authors' filters (empty
 instructions skipped, the 500-character limit opt-in, no gsm8k digit filter) are listed on the fidelity page.
+
+A reply that opens the tag the instruction is taken from (``<INS>``, ``<Start>``, ``[``, ``<TEXT>``) and never closes
+it is marked ``unclosed`` (:func:`is_unclosed`): a very small model writes most of its replies so. The authors'
+extraction of it is kept byte for byte (for GPT-style tags the rest of the reply, which is scored as they would;
+for ``[`` an empty instruction; for ``<TEXT>`` none), and the fate says so: a reply that would be ``"new"`` is
+``"unclosed"`` instead, and every verdict carries ``unclosed``. ``max_instruction_chars`` skips the long ones.
 """
 
 from __future__ import annotations
@@ -14,9 +20,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from dspy_opro.proposing.meta_prompt import extract_instruction, instruction_md5, polish_sentence
+from dspy_opro.proposing.meta_prompt import (
+    INS_TAGS,
+    START_TAGS,
+    TEXT_TAGS,
+    extract_instruction,
+    instruction_md5,
+    polish_sentence,
+)
 
-Fate = Literal["new", "duplicate", "no_instruction", "empty", "too_long", "contains_ins"]
+Fate = Literal["new", "unclosed", "duplicate", "no_instruction", "empty", "too_long", "contains_ins"]
 
 
 @dataclass(frozen=True)
@@ -24,7 +37,8 @@ class Verdict:
     """What became of one reply.
 
     ``instruction`` is the extracted and polished text (None when the reply held none); ``md5`` its digest;
-    ``reason`` says why a non-empty reply is not scored (None for ``"new"`` and ``"duplicate"``).
+    ``reason`` says why a non-empty reply is not scored (None for ``"new"``, ``"unclosed"`` and ``"duplicate"``);
+    ``unclosed`` whether the reply opened its tag and never closed it.
     """
 
     text: str
@@ -32,6 +46,23 @@ class Verdict:
     fate: Fate
     md5: str | None = None
     reason: str | None = None
+    unclosed: bool = False
+
+
+def is_unclosed(reply: str, *, optimizer_family: str, instruction_pos: str, meta_prompt_type: str) -> bool:
+    """Whether ``reply`` opens the tag its instruction is taken from and never closes it.
+
+    The tags are the authors' extraction's (:func:`~dspy_opro.proposing.meta_prompt.extract_instruction`):
+    ``<TEXT>`` for ``instructions_only``, a ``[`` with no ``]`` after it on its line for PaLM, ``<Start>`` for GPT
+    with ``A_begin``, else ``<INS>``. A reply without the opening tag is not unclosed (the authors use it whole).
+    """
+    if meta_prompt_type == "instructions_only":
+        opening, closing = TEXT_TAGS
+        return opening in reply and closing not in reply[reply.find(opening):]
+    if optimizer_family == "palm":
+        return "[" in reply and not any("]" in line[line.find("["):] for line in reply.splitlines() if "[" in line)
+    opening, closing = START_TAGS if instruction_pos == "A_begin" else INS_TAGS
+    return opening in reply and closing not in reply
 
 
 def skip_reason(instruction: str, *, max_instruction_chars: int | None) -> tuple[Fate, str | None]:
@@ -78,18 +109,23 @@ def triage_replies(
     for text in replies:
         extracted = extract_instruction(text, optimizer_family=optimizer_family, instruction_pos=instruction_pos,
                                         meta_prompt_type=meta_prompt_type)
+        unclosed = is_unclosed(text, optimizer_family=optimizer_family, instruction_pos=instruction_pos,
+                               meta_prompt_type=meta_prompt_type)
         if extracted is None:
-            verdicts.append(Verdict(text=text, instruction=None, fate="no_instruction"))
+            verdicts.append(Verdict(text=text, instruction=None, fate="no_instruction", unclosed=unclosed))
             continue
         instruction = polish_sentence(extracted)
         md5 = instruction_md5(instruction)
         if md5 in seen:
-            verdicts.append(Verdict(text=text, instruction=instruction, fate="duplicate", md5=md5))
+            verdicts.append(Verdict(text=text, instruction=instruction, fate="duplicate", md5=md5, unclosed=unclosed))
             continue
         seen.add(md5)  # registered whether or not it passes the filters, as the authors do
         fate, reason = skip_reason(instruction, max_instruction_chars=max_instruction_chars)
-        verdicts.append(Verdict(text=text, instruction=instruction, fate=fate, md5=md5, reason=reason))
+        if fate == "new" and unclosed:
+            fate = "unclosed"
+        verdicts.append(Verdict(text=text, instruction=instruction, fate=fate, md5=md5, reason=reason,
+                                unclosed=unclosed))
     return verdicts
 
 
-__all__ = ["Verdict", "skip_reason", "triage_replies"]
+__all__ = ["Verdict", "is_unclosed", "skip_reason", "triage_replies"]

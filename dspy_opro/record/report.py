@@ -160,13 +160,14 @@ def trajectory_rows(state: RunState) -> list[dict[str, Any]]:
 
 
 def format_usage(usage: UsageRecord) -> str:
-    """A Markdown table of calls, cache hits, tokens and cost for the optimizer, the task and in total, then one
-    row per model when known. A cost is ``unknown`` when no call had a price and ``≥ $x`` when some had none."""
+    """A Markdown table of calls, cache hits, tokens (with the prompt tokens served from the provider's prompt
+    cache) and cost for the optimizer, the task and in total, then one row per model when known. A cost is
+    ``unknown`` when no call had a price and ``≥ $x`` when some had none."""
     total = ModelUsage()
     total.add(usage.optimizer)
     total.add(usage.task)
-    header = ["Role", "Calls", "Cache hits", "Prompt tokens", "Completion tokens", "Cost"]
-    align = ["---", "---:", "---:", "---:", "---:", "---:"]
+    header = ["Role", "Calls", "Cache hits", "Prompt tokens", "Cached prompt tokens", "Completion tokens", "Cost"]
+    align = ["---", "---:", "---:", "---:", "---:", "---:", "---:"]
 
     def row(label: str, u: ModelUsage) -> list[str]:
         return [
@@ -174,6 +175,7 @@ def format_usage(usage: UsageRecord) -> str:
             f"{u.calls:,}",
             f"{u.cache_hits:,}",
             f"{u.prompt_tokens:,}",
+            f"{u.cached_tokens:,}",
             f"{u.completion_tokens:,}",
             fmt_cost(u.cost, u.unpriced_calls),
         ]
@@ -204,6 +206,11 @@ def render_step_report(state: RunState, step: int) -> str:
     lines.append(f"- Optimizer replies: {len(record.replies)}" + (f" ({fate_text})" if fate_text else ""))
     if record.failed_calls:
         lines.append(f"- Failed optimizer calls: {record.failed_calls}")
+    if record.skipped_calls:
+        lines.append(f"- Proposals not asked for: {record.skipped_calls} ({inline(record.skip_reason or '')})")
+    unclosed = sum(reply.unclosed for reply in record.replies)
+    if unclosed:
+        lines.append(f"- Replies without their closing tag: {unclosed} (the authors' extraction kept; see the fates)")
     if not record.complete:
         lines.append("- Complete: no (the run stopped or was interrupted during this step)")
     lines.append(f"- Best this step: {fmt_pct(best.score) + f' (candidate {best.id})' if best else DASH}")
@@ -277,6 +284,26 @@ def _top_candidates(state: RunState, k: int = TOP_INSTRUCTIONS) -> list[Candidat
     return ranked_candidates(state.candidates)[:k]
 
 
+def _optimizer_lines(state: RunState) -> list[str]:
+    """What went wrong with the optimizer's requests over the run, when anything did."""
+    lines = []
+    failed = sum(record.failed_calls for record in state.steps)
+    if failed:
+        lines.append(f"- Failed optimizer requests: {failed} (after a retry; their proposals are lost)")
+    skipped = sum(record.skipped_calls for record in state.steps)
+    if skipped:
+        lines.append(f"- Optimizer proposals not asked for (max_cost): {skipped}")
+    unclosed = sum(reply.unclosed for record in state.steps for reply in record.replies)
+    if unclosed:
+        replies = sum(len(record.replies) for record in state.steps)
+        lines.append(f"- Optimizer replies without their closing tag: {unclosed} of {replies}")
+    for model, why in state.optimizer_single_choice.items():
+        lines.append(f"- Optimizer {code(model)} asked one choice per request: {inline(why)}")
+    for model, why in state.optimizer_usage_undercount.items():
+        lines.append(f"- Optimizer {code(model)} under-reports its usage: {inline(why)}")
+    return lines
+
+
 def render_run_report(state: RunState) -> str:
     """Markdown for ``report.md``: settings, the score trajectory, the best instructions, the selection,
     validation scores, usage and cost, and why the run stopped."""
@@ -285,8 +312,9 @@ def render_run_report(state: RunState) -> str:
     best = state.best()
 
     lines = ["# OPRO run report", ""]
-    lines.append(f"- Status: {state.status}")
-    if state.stop_reason:
+    finished_with = state.status == "finished" and state.stop_reason  # "finished with N candidates unscored ..."
+    lines.append(f"- Status: {inline(state.stop_reason) if finished_with else state.status}")
+    if state.stop_reason and not finished_with:
         lines.append(f"- Stop reason: {inline(state.stop_reason)}")
     if state.status in ("failed", "interrupted"):
         lines.append("- Resume: compile again with the same `log_dir`; nothing already scored runs again.")
@@ -297,6 +325,7 @@ def render_run_report(state: RunState) -> str:
     status_text = ", ".join(f"{s} {counts[s]}" for s in CandidateStatus if counts[s])
     lines.append(f"- Candidates: {len(state.candidates)}" + (f" ({status_text})" if status_text else ""))
     lines.append(f"- Metric calls: {state.metric_calls:,}")
+    lines += _optimizer_lines(state)
     lines.append(f"- Best training score: {fmt_pct(best.score) + f' ({_candidate_label(best)})' if best else DASH}")
 
     lines += ["", "## Settings", ""]

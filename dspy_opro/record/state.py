@@ -45,7 +45,7 @@ class CandidateStatus(str, Enum):
         return self.value
 
 
-ReplyFate = Literal["new", "duplicate", "empty", "too_long", "contains_ins", "no_instruction"]
+ReplyFate = Literal["new", "unclosed", "duplicate", "empty", "too_long", "contains_ins", "no_instruction"]
 
 # Scores are mostly a handful of values (0.0, 1.0, ...): sharing one float object per value keeps a record of
 # 1.6 million per-example scores at a pointer each instead of a pointer plus a float object.
@@ -222,10 +222,14 @@ class Reply(BaseModel):
     instruction: str | None
     """The instruction extracted from it and polished; `None` when the reply held none."""
     fate: ReplyFate
-    """`"new"` (a new candidate), `"duplicate"` (an instruction already proposed), `"empty"`, `"too_long"`,
-    `"contains_ins"` (holds `INS`) or `"no_instruction"`."""
+    """`"new"` (a new candidate), `"unclosed"` (a new candidate from a reply whose closing tag never came: the
+    authors' extraction took the rest of the reply, and it is scored as theirs would be), `"duplicate"` (an
+    instruction already proposed), `"empty"`, `"too_long"`, `"contains_ins"` (holds `INS`) or `"no_instruction"`."""
+    unclosed: bool = False
+    """The reply opened the tag the instruction is taken from (`<INS>`, `<Start>`, `[`, `<TEXT>`) and never closed
+    it, whatever its fate."""
     candidate_id: int | None = None
-    """The candidate it became (`new`; `empty`, `too_long` and `contains_ins` become skipped candidates) or
+    """The candidate it became (`new`, `unclosed`; `empty`, `too_long` and `contains_ins` become skipped candidates) or
     repeated (`duplicate`); `None` for `no_instruction`."""
 
 
@@ -248,6 +252,10 @@ class Step(BaseModel):
     """Optimizer requests that failed after their retry (their proposals are lost)."""
     errors: list[str] = Field(default_factory=list)
     """The errors of those failed requests."""
+    skipped_calls: int = 0
+    """Proposals not asked for because the request's worst-case cost did not fit in what was left of `max_cost`."""
+    skip_reason: str | None = None
+    """Why they were not asked for (the bound and the money left)."""
     complete: bool = False
     """Whether every new candidate of the step was scored (false while running, or when a budget cut it short)."""
     best_score: float | None = None
@@ -345,6 +353,13 @@ class RunState(BaseModel):
     """Why it stopped, failed or was interrupted (`"ErrorType: message"` for an exception)."""
     start_val_score: float | None = None
     """The program as given's validation mean, where the run scored it."""
+    optimizer_single_choice: dict[str, str] = Field(default_factory=dict)
+    """Optimizer models asked one choice per request, by model name, with why: the model answered an `n` request
+    with fewer choices, or refused it (an HTTP 400 naming `n`). A resumed run never sends them an `n` request."""
+    optimizer_usage_undercount: dict[str, str] = Field(default_factory=dict)
+    """Optimizer models whose `usage` counted fewer completion tokens than their choices hold (a server that counts
+    only the first of `n` choices), by model name, with the first such finding: their recorded tokens and cost are
+    too low."""
     anchors: dict[str, str] = Field(default_factory=dict)
     """Label-free OPRO: the starting program's trajectory on each example (`"split:index"`), judged against."""
     selection: Selection | None = None

@@ -4,6 +4,12 @@
 choices) and the request indices that get a chosen fault; :meth:`FaultConfig.choose` decides one request's fault
 from the endpoint's seed and the request index, so a run repeats exactly. :data:`REFUSALS` are the faults no retry
 can fix, with OpenAI's status and error body. The endpoint (:mod:`dspy_opro.testing.server`) acts on the choice.
+
+It also holds the behaviours of real local servers, seen when a small model was served by llama.cpp: a 400 for an
+``n`` above the server's slot count (``n_cap``, llama.cpp's ``llama-server``), one choice whatever ``n`` asked for
+(``ignore_n``, llama-cpp-python's server), ``usage`` counting the first choice only (``usage_first_choice_only``,
+``llama-server`` with ``n > 1``), OPRO replies whose closing tag never comes (``unclosed_tags``, a 135M model),
+slow generation (``seconds_per_token``), and a 200 whose body is cut short (``fail_kind="truncated_body"``).
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from dataclasses import dataclass
 
 from dspy_opro.testing.hashing import stable_unit
 
-__all__ = ["FAULT_KINDS", "REFUSALS", "FaultConfig"]
+__all__ = ["FAULT_KINDS", "N_CAP_MESSAGE", "REFUSALS", "FaultConfig"]
 
 FAULT_KINDS = (
     "rate_limit",
@@ -26,6 +32,7 @@ FAULT_KINDS = (
     "one_choice",
     "odd_text",
     "invalid_utf8",
+    "truncated_body",
 )
 # Refusals no retry can fix, with OpenAI's status and error body: (status, message, type, code).
 REFUSALS = {
@@ -48,6 +55,9 @@ REFUSALS = {
         "model_not_found",
     ),
 }
+# The 400 a server that caps n sends for a request above its cap (simulated; llama.cpp's llama-server rejects n above
+# its slot count with an OpenAI-style error body of this shape).
+N_CAP_MESSAGE = "n must be <= {cap} (the server's slots), got n = {n} (simulated llama-server error)"
 
 
 @dataclass
@@ -78,7 +88,19 @@ class FaultConfig:
             through ``fail_requests``) ``auth_error`` (401), ``permission_denied`` (403), ``model_not_found`` (404)
             and ``one_choice`` (a 200 answer with a single choice whatever ``n`` asked for, as providers that
             ignore ``n`` do), ``odd_text`` (each choice ends in an escaped lone surrogate and a NUL) and
-            ``invalid_utf8`` (each choice ends in two raw bytes that are not UTF-8).
+            ``invalid_utf8`` (each choice ends in two raw bytes that are not UTF-8), ``truncated_body`` (a 200 whose
+            ``Content-Length`` is the whole answer's but whose connection closes after half of it).
+        n_cap: Answer a request whose ``n`` is above this with HTTP 400 and an OpenAI-style error body naming ``n``
+            (:data:`N_CAP_MESSAGE`), as llama.cpp's ``llama-server`` does above its slot count. None: no cap.
+        ignore_n: Answer every request with one choice whatever ``n`` asked for, as llama-cpp-python's server does.
+        usage_first_choice_only: When ``n > 1``, ``usage.completion_tokens`` counts the first choice only (a
+            ``llama-server`` bug); the request log keeps the tokens truly served (``completion_tokens``) beside
+            what ``usage`` said (``reported_completion_tokens``).
+        unclosed_tags: Share of OPRO replies (drawn per request and choice) whose closing tag (``</INS>``,
+            ``</Start>``, ``]``, ``</TEXT>``) never comes: the reply goes on with the model's musings, as a 135M model
+            writes. Also limited by ``only_kinds`` and ``first_n``.
+        seconds_per_token: Generation time: each answer waits this long per completion token it sends (slow
+            generation on a CPU), on top of ``latency``; interrupted at once when the endpoint stops.
     """
 
     rate_limit: float = 0.0
@@ -93,6 +115,11 @@ class FaultConfig:
     first_n: int | None = None
     fail_requests: set[int] | None = None
     fail_kind: str = "server_error"
+    n_cap: int | None = None
+    ignore_n: bool = False
+    usage_first_choice_only: bool = False
+    unclosed_tags: float = 0.0
+    seconds_per_token: float = 0.0
 
     def __post_init__(self) -> None:
         shares = (self.rate_limit, self.server_error, self.hang, self.malformed, self.empty_choices)
@@ -102,6 +129,12 @@ class FaultConfig:
             raise ValueError(f"fail_kind must be one of {FAULT_KINDS}, got {self.fail_kind!r}")
         if self.retry_after < 0 or self.hang_seconds < 0:
             raise ValueError("retry_after and hang_seconds must be non-negative")
+        if self.n_cap is not None and (isinstance(self.n_cap, bool) or self.n_cap < 1):
+            raise ValueError(f"n_cap must be a positive integer or None, got {self.n_cap!r}")
+        if not 0 <= self.unclosed_tags <= 1:
+            raise ValueError(f"unclosed_tags must lie in [0, 1], got {self.unclosed_tags!r}")
+        if self.seconds_per_token < 0:
+            raise ValueError(f"seconds_per_token must be non-negative, got {self.seconds_per_token!r}")
         if self.only_kinds is not None:
             self.only_kinds = set(self.only_kinds)
         if self.fail_requests is not None:
@@ -127,3 +160,13 @@ class FaultConfig:
                 return name
             u -= share
         return None
+
+    def leaves_unclosed(self, index: int, kind: str, seed: int, choice: int) -> bool:
+        """Whether choice ``choice`` of request ``index`` (an OPRO reply) leaves its closing tag out."""
+        if kind != "opro" or self.unclosed_tags <= 0:
+            return False
+        if self.only_kinds is not None and kind not in self.only_kinds:
+            return False
+        if self.first_n is not None and index >= self.first_n:
+            return False
+        return stable_unit("unclosed", seed, index, choice) < self.unclosed_tags

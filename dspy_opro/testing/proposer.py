@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dspy_opro.testing.hashing import stable_rng, stable_unit
 from dspy_opro.testing.task_model import TRAITS, Trait, instruction_traits
 
-__all__ = ["is_opro_prompt", "opro_reply", "propose_instruction", "scored_pairs"]
+__all__ = ["is_opro_prompt", "opro_reply", "propose_instruction", "scored_pairs", "unclosed_reply"]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -151,3 +151,34 @@ def opro_reply(prompt: str, *, sample: int, seed: int) -> str:
         before, after = _CHATTER[int(stable_unit("chatter-kind", seed, prompt, sample) * len(_CHATTER))]
         wrapped = f"{before}{wrapped}{after}"
     return wrapped
+
+
+# What a very small model writes on after the instruction when it never closes the tag (seen from a 135M model).
+_MUSINGS = (
+    "\nThis instruction should work better because it asks the model to look at every step of the problem, and "
+    "the score of the previous instructions shows that the model needs more guidance.",
+    "\n\nExplanation: the new instruction keeps the best parts of the old ones. It is clear and short, and a "
+    "student could follow it without any help. The score should go up.",
+    "\nI think this is a good instruction for the problem. The problem asks for a number, so the instruction should "
+    "help the model find the number. Let me explain why this works. First, it is simple.",
+)
+_CLOSING_TAGS = ("</Start>", "</INS>", "</TEXT>")
+
+
+def unclosed_reply(reply: str, *, sample: int, seed: int) -> str:
+    """``reply`` as a very small model writes it: the closing tag never comes and the text runs on.
+
+    The reply is cut at its closing tag (``</INS>``, ``</Start>``, ``</TEXT>`` or the first ``]`` after a ``[``),
+    the tag left out, and a deterministic ramble appended, so the authors' extraction takes everything after the
+    opening tag.
+    """
+    cut = len(reply)
+    for tag in _CLOSING_TAGS:
+        position = reply.find(tag)
+        if position >= 0:
+            cut = min(cut, position)
+    opening = reply.find("[")
+    if cut == len(reply) and opening >= 0 and reply.find("]", opening) >= 0:
+        cut = reply.find("]", opening)
+    musing = _MUSINGS[int(stable_unit("musing", seed, reply, sample) * len(_MUSINGS))]
+    return reply[:cut] + musing

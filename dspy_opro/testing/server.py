@@ -3,8 +3,10 @@
 The real DSPy/LiteLLM client stack talks to it over HTTP; the replies come from
 :func:`dspy_opro.testing.simulated.simulated_reply`, after the endpoint's responders (the one hook for answering
 prompts the simulated model does not know, e.g. other optimizers' proposal prompts). Faults (429 with
-Retry-After, 500, hangs, malformed JSON, empty choices, 401) can be injected deterministically
-(:mod:`dspy_opro.testing.faults`); the HTTP plumbing is :mod:`dspy_opro.testing.transport`.
+Retry-After, 500, hangs, malformed JSON, empty choices, 401, a body cut short) and the behaviours of real local
+servers (a 400 above an ``n`` cap, ``n`` ignored, usage of the first choice only, unclosed tags, slow generation)
+can be injected deterministically (:mod:`dspy_opro.testing.faults`); the HTTP plumbing is
+:mod:`dspy_opro.testing.transport`.
 
 Example::
 
@@ -30,8 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dspy_opro.testing.adapter_prompts import message_text
-from dspy_opro.testing.faults import REFUSALS, FaultConfig
+from dspy_opro.testing.faults import N_CAP_MESSAGE, REFUSALS, FaultConfig
 from dspy_opro.testing.hashing import stable_unit
+from dspy_opro.testing.proposer import unclosed_reply
 from dspy_opro.testing.simulated import Responder, simulated_reply
 from dspy_opro.testing.transport import RequestHandler, ThreadedServer
 
@@ -47,8 +50,10 @@ class RequestRecord:
 
     ``kind`` is what the request asked (``task``, ``opro``, ``judge``, ``unknown``, or the kind a responder
     claimed it as); ``status`` the HTTP status sent (0 when the connection was closed without an answer, e.g. a
-    hang cut short by ``stop()``); ``fault`` the injected fault's name or None. Token counts are whitespace-split
-    words: the prompt's over all messages, the completion's summed over the choices actually sent.
+    hang cut short by ``stop()``); ``fault`` the injected fault's name or None (``"n_cap"`` for a 400 above the
+    ``n`` cap). Token counts are whitespace-split words: the prompt's over all messages, the completion's summed
+    over the choices actually sent (the truth, whatever ``usage`` said: ``reported_completion_tokens`` is what the
+    answer's ``usage`` reported, smaller under ``usage_first_choice_only``); ``choices`` is how many were sent.
     """
 
     index: int
@@ -64,6 +69,9 @@ class RequestRecord:
     messages: list[dict] = field(default_factory=list)
     path: str = "/v1/chat/completions"
     cached_tokens: int = 0  # prompt tokens reported as served from the provider's prompt cache
+    choices: int = 0  # choices sent in the answer
+    reported_completion_tokens: int = 0  # what the answer's usage said (usage_first_choice_only: the first choice's)
+    unclosed: int = 0  # choices whose closing tag was left out (unclosed_tags)
 
     @property
     def total_tokens(self) -> int:
@@ -100,7 +108,8 @@ class SimulatedEndpoint:
             the hook for prompts the simulated model does not answer itself.
 
     Use as a context manager or call ``start()``/``stop()``. Routes: ``POST /v1/chat/completions``,
-    ``GET /v1/models``; anything else gets a 404 JSON error.
+    ``GET /v1/models``; anything else gets a 404 JSON error. A choice longer than the request's ``max_tokens`` (or
+    ``max_completion_tokens``) is cut there, with ``finish_reason: "length"``, as a real server's would be.
 
     When a request's ``temperature`` is absent or positive, repeating an identical request draws new samples (as
     a sampling model would), so n separate ``n=1`` requests give n different proposals; ``reset_log()`` resets
@@ -305,6 +314,12 @@ class SimulatedEndpoint:
             status, message, type_, code = REFUSALS[fault]
             send(status, _error_body(message, type_, code))
             return
+        if faults.n_cap is not None and n > faults.n_cap:
+            record.fault = "n_cap"
+            message = N_CAP_MESSAGE.format(cap=faults.n_cap, n=n)
+            refusal = {"error": {"code": 400, "message": message, "type": "invalid_request_error"}}  # llama.cpp's shape
+            send(400, json.dumps(refusal).encode())
+            return
         self._wait(self._latency_for(record.index))
         if fault == "rate_limit":
             retry_after = float(faults.retry_after)
@@ -324,14 +339,31 @@ class SimulatedEndpoint:
         if fault == "malformed":
             send(200, f'{{"id": "{response_id}", "object": "chat.completion", "choices": [{{"index": 0, "mess'.encode())
             return
-        contents = [] if fault == "empty_choices" else self._contents(request, messages, n, first)
+        served_n = 1 if faults.ignore_n else n
+        contents = [] if fault == "empty_choices" else self._contents(request, messages, served_n, first)
         if fault == "one_choice":
             contents = contents[:1]
+        for choice, content in enumerate(contents):
+            if faults.leaves_unclosed(record.index, kind, self.seed, choice):
+                contents[choice] = unclosed_reply(content, sample=choice, seed=self.seed)
+                record.unclosed += 1
+        limit = request.get("max_completion_tokens") or request.get("max_tokens")
+        cut = [isinstance(limit, int) and count_tokens(content) > limit for content in contents]
+        if isinstance(limit, int) and limit > 0:  # a real server never generates more than max_tokens
+            contents = [" ".join(content.split()[:limit]) if over else content
+                        for content, over in zip(contents, cut, strict=True)]
+        record.choices = len(contents)
         record.completion_tokens = sum(count_tokens(content) for content in contents)
+        reported = record.completion_tokens
+        if faults.usage_first_choice_only and len(contents) > 1:
+            reported = count_tokens(contents[0])
+        record.reported_completion_tokens = reported
+        if faults.seconds_per_token:
+            self._wait(faults.seconds_per_token * record.completion_tokens)
         usage: dict[str, Any] = {
             "prompt_tokens": record.prompt_tokens,
-            "completion_tokens": record.completion_tokens,
-            "total_tokens": record.prompt_tokens + record.completion_tokens,
+            "completion_tokens": reported,
+            "total_tokens": record.prompt_tokens + reported,
         }
         if self.cached_tokens:
             record.cached_tokens = min(self.cached_tokens, record.prompt_tokens)
@@ -355,7 +387,7 @@ class SimulatedEndpoint:
                     "index": i,
                     "message": {"role": "assistant", "content": content},
                     "logprobs": None,
-                    "finish_reason": "stop",
+                    "finish_reason": "length" if i < len(cut) and cut[i] else "stop",
                 }
                 for i, content in enumerate(contents)
             ],
@@ -365,7 +397,20 @@ class SimulatedEndpoint:
             raw = json.dumps(payload).encode("ascii").replace(_ODD_BYTES_MARK.encode(), b"\xff\xfe")
             send(200, raw)
             return
-        send(200, json.dumps(payload, ensure_ascii=False).encode("utf-8"))
+        body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        if fault == "truncated_body":
+            record.status, record.finished = 200, time.monotonic()
+            self._send_cut_short(handler, body)
+            return
+        send(200, body)
+
+    @staticmethod
+    def _send_cut_short(handler: RequestHandler, body: bytes) -> None:
+        """A 200 whose headers promise the whole body but whose connection closes after half of it."""
+        head = (f"HTTP/1.1 200 OK\r\nServer: {handler.server_version}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+        handler.close_connection = True
+        handler.connection.sendall(head.encode("latin-1") + body[: len(body) // 2])
 
     def _contents(self, request: dict, messages: list, n: int, first: str) -> list[str]:
         """The n choices; a repeated identical request at temperature > 0 (or unset) draws later samples."""
