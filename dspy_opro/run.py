@@ -29,12 +29,12 @@ import dspy
 from dspy_opro.compat import user_stacklevel
 from dspy_opro.config import OPROConfig
 from dspy_opro.errors import FatalLMError, MetricError, OPRORunError, ProgramError, check_model_ready
-from dspy_opro.observers import CandidateReports, CandidateSpans
 from dspy_opro.proposing.initial import initial_by_predictor, initial_candidates
 from dspy_opro.proposing.meta_prompt import gen_meta_prompt, instruction_md5
 from dspy_opro.proposing.optimizer_calls import honours_n, propose
 from dspy_opro.proposing.step_inputs import ExemplarPicker, predictor_history
 from dspy_opro.proposing.triage import triage_replies
+from dspy_opro.record.observers import CandidateReports, CandidateSpans
 from dspy_opro.record.progress import Progress, evaluations_due, import_litellm_announced, phase_name
 from dspy_opro.record.recorder import RunRecorder
 from dspy_opro.record.state import (

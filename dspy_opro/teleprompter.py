@@ -39,7 +39,7 @@ from dspy.teleprompt import Teleprompter
 from dspy_opro.compat import logging_through_dspy
 from dspy_opro.config import ExemplarSelection, OPROConfig
 from dspy_opro.extensions import HardDiverse, Racing, ValGate
-from dspy_opro.observers import catch_up_mlflow_autolog, log_settings_to_mlflow
+from dspy_opro.record.observers import catch_up_mlflow_autolog, log_settings_to_mlflow
 
 logger = logging.getLogger(__name__)
 
