@@ -2,6 +2,8 @@
 
 ``OPROTeleprompter`` (alias ``OPRO``) is the optimizer; ``Racing``, ``HardDiverse`` and ``ValGate`` are the options of
 the extensions beyond the authors, and ``PairwisePreference`` is label-free OPRO's metric (imported on first use).
+``RunState`` is the run record a compiled program holds as ``opro_run``, ``OPRORunSummary`` what a saved one keeps of
+it.
 Importing the package configures nothing: log lines reach DSPy's logging stream only while a compile runs, and only
 where logging is not configured otherwise.
 """
@@ -25,6 +27,7 @@ from dspy_opro.errors import (
 )
 from dspy_opro.extensions import HardDiverse, Racing, ValGate
 from dspy_opro.record.state import CandidateStatus, RunState
+from dspy_opro.record.summary import OPRORunSummary
 from dspy_opro.teleprompter import OPRO, OPROTeleprompter
 
 if TYPE_CHECKING:
@@ -53,6 +56,7 @@ __all__ = [
     "OPROTeleprompter",
     "OPRORunError",
     "OptimizerUnavailableError",
+    "OPRORunSummary",
     "PairwisePreference",
     "ProgramError",
     "Racing",

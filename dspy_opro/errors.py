@@ -173,7 +173,7 @@ def fatal_lm_error(role: str, model: str, exc: BaseException) -> FatalLMError:
 
 
 def check_model_ready(lm: Any, role: str) -> None:
-    """Raise :class:`FatalLMError` before any call when a LiteLLM model cannot work: unknown provider, missing key.
+    """Raise ``FatalLMError`` before any call when a LiteLLM model cannot work: unknown provider, missing key.
 
     Only ``dspy.LM`` objects on the LiteLLM engine are checked; other LMs (custom engines, DSPy's native engine,
     which raises ``LMNotConfiguredError`` at once) are left to their first call.

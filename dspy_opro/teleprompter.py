@@ -274,7 +274,8 @@ class OPROTeleprompter(Teleprompter):
 
         Returns:
             A copy of the program with the selected instructions, carrying ``candidate_programs`` (best first)
-            and ``opro_run`` (the run record).
+            and ``opro_run`` (the run record; a pickled save keeps an ``OPRORunSummary`` of it unless
+            ``track_stats=True``).
         """
         if teacher is not None:
             raise ValueError("OPRO optimizes instructions only and takes no teacher; call compile(..., teacher=None)")

@@ -269,7 +269,7 @@ def _selected(state: RunState) -> Candidate | None:
 
 
 def plot_trajectory(state: RunState, path: str | os.PathLike[str]) -> Path:
-    """Draw the trajectory figure of ``state`` (see :func:`build_trajectory_figure`) as a 960 x 540 PNG at
+    """Draw the trajectory figure of ``state`` (see ``build_trajectory_figure``) as a 960 x 540 PNG at
     ``path``; return the path. Raises ImportError when matplotlib is not installed."""
     figure = build_trajectory_figure(state)
     target = Path(path)

@@ -382,7 +382,7 @@ class RunState(BaseModel):
         return [c for c in self.candidates if c.status in shown and c.score is not None]
 
     def best(self) -> Candidate | None:
-        """The best scored candidate on training; the earliest wins a tie (:func:`best_candidate`)."""
+        """The best scored candidate on training; the earliest wins a tie (``best_candidate``)."""
         return best_candidate(self.candidates)
 
 

@@ -48,11 +48,11 @@ Outcome = Literal["ok", "failed", "infra", "fatal", "metric_error", "not_a_predi
 class AnchoredMetric(Protocol):
     """A metric that scores a candidate's run against the starting program's run on the same example.
 
-    Label-free OPRO's metric (:class:`dspy_opro.extensions.label_free.PairwisePreference`) is one. With such a
-    metric the run scores the starting program with :meth:`anchor_metric` instead, whose returned prediction carries
-    the run's rendering as ``anchor``; the run keeps each anchor in the record and hands it to :meth:`add_anchor`
+    Label-free OPRO's metric (``dspy_opro.PairwisePreference``) is one. With such a
+    metric the run scores the starting program with ``anchor_metric`` instead, whose returned prediction carries
+    the run's rendering as ``anchor``; the run keeps each anchor in the record and hands it to ``add_anchor``
     before any candidate runs on that example. Meta-prompts then show no labels, a program failure is judged like
-    any other run, and :meth:`selection_policy` decides what ``compile`` returns.
+    any other run, and ``selection_policy`` decides what ``compile`` returns.
     """
 
     judge_model: dspy.BaseLM | None

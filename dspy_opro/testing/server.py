@@ -104,7 +104,7 @@ class SimulatedEndpoint:
             (``usage.prompt_tokens_details.cached_tokens``, at most the prompt's tokens), as OpenAI does, so that
             cached-token discounts can be tested.
         responders: Asked in order, before the simulated model's own routing, to claim each request
-            (:data:`~dspy_opro.testing.simulated.Responder`: return ``(kind, reply text)``, or None to pass):
+            (``Responder``: return ``(kind, reply text)``, or None to pass):
             the hook for prompts the simulated model does not answer itself.
 
     Use as a context manager or call ``start()``/``stop()``. Routes: ``POST /v1/chat/completions``,

@@ -48,8 +48,8 @@ class SimulatedRequest:
 Responder = Callable[[SimulatedRequest], tuple[str, str] | None]
 """Claims a request by returning ``(kind, reply text)``, or leaves it to the next responder by returning None.
 
-The kind is logged in :attr:`RequestRecord.kind <dspy_opro.testing.server.RequestRecord>` and matched by
-:attr:`FaultConfig.only_kinds <dspy_opro.testing.faults.FaultConfig>`. A responder must be deterministic in the
+The kind is logged in ``RequestRecord.kind`` and matched by
+``FaultConfig.only_kinds``. A responder must be deterministic in the
 request (the endpoint may ask it again for later samples) and safe to call from several threads at once.
 """
 

@@ -107,6 +107,8 @@ TRAITS: tuple[Trait, ...] = (
     Trait("quickly", -0.10, r"\b(?:quickly|fast)\b", ("answer quickly", "be fast")),
     Trait("briefly", -0.08, r"\b(?:briefly|one\s+word)\b", ("answer briefly", "reply in one word")),
 )
+"""The traits the simulated task model rewards or penalises in an instruction, each a pattern with its weight
+(``instruction_quality`` adds the weights of those an instruction matches)."""
 
 
 def instruction_traits(instruction: str) -> list[Trait]:
@@ -117,7 +119,7 @@ def instruction_traits(instruction: str) -> list[Trait]:
 def instruction_quality(instruction: str) -> float:
     """The simulated task model's probability of answering correctly under ``instruction``.
 
-    ``0.30`` plus the weights of the matched :data:`TRAITS`, minus ``0.05`` per 100 characters beyond 300
+    ``0.30`` plus the weights of the matched ``TRAITS``, minus ``0.05`` per 100 characters beyond 300
     (at most ``0.20``), clipped to ``[0.05, 0.95]``.
     """
     instruction = (instruction or "").strip()
@@ -273,7 +275,7 @@ def simulated_metric(example: dspy.Example, prediction: Any, trace: Any = None) 
 def simulated_metric_with_feedback(
     gold: dspy.Example, pred: Any, trace: Any = None, pred_name: str | None = None, pred_trace: Any = None
 ) -> dspy.Prediction:
-    """:func:`simulated_metric` in the shape ``dspy.GEPA`` takes: ``dspy.Prediction(score=..., feedback=...)``."""
+    """``simulated_metric`` in the shape ``dspy.GEPA`` takes: ``dspy.Prediction(score=..., feedback=...)``."""
     import dspy
 
     score = simulated_metric(gold, pred, trace)

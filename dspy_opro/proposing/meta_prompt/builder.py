@@ -325,7 +325,7 @@ def gen_meta_prompt(
         The meta-prompt, without a trailing newline.
 
     Raises:
-        ValueError: On invalid options (see :func:`validate_meta_prompt_options`) or an invalid history score.
+        ValueError: On invalid options (see ``validate_meta_prompt_options``) or an invalid history score.
     """
     validate_meta_prompt_options(
         optimizer_family=optimizer_family,
