@@ -403,7 +403,7 @@ class OPRORun:
             self.anchored.add_anchor(self.data.examples(_split(result.split))[result.index], result.anchor)
         self.recorder.journal(candidate, index=result.index, split=result.split, outcome=result.outcome,
                               score=result.score, error=result.error, answer=result.answer, usage=result.usage,
-                              anchor=result.anchor)
+                              anchor=result.anchor, count=state.metric_calls)
         record_result(candidate, index=result.index, split=result.split, outcome=result.outcome, score=result.score,
                       error=result.error, answer=result.answer)
 
