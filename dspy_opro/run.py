@@ -112,7 +112,7 @@ class OPRORun:
                 for key, text in self.state.anchors.items():
                     split, index = key.split(":")
                     self.anchored.add_anchor(self.data.examples(_split(split))[int(index)], text)
-            self.evaluator = Evaluator(num_threads=self.num_threads, executor=config.executor)
+            self.evaluator = Evaluator(num_threads=self.num_threads, executor=config.executor, timeout=config.timeout)
             self.budget = Budget(config.max_metric_calls, config.max_cost, self.state)
             setup = EvaluationSetup(
                 data=self.data, base=self.base, instruction_pos=config.instruction_pos, metric=metric,
@@ -163,12 +163,26 @@ class OPRORun:
             return self._result()
         except BaseException as exc:
             # Ctrl-C, a fatal LM error or a broken metric: keep what was paid for before the error propagates.
+            self._keep_finished()
             self.recorder.end(state, exc)
             raise
         finally:
             self.evaluator.close()
             self.recorder.close()
             self.progress.close()
+
+    def _keep_finished(self) -> None:
+        """Record the evaluations that finished while the run was stopping (never consumed), so none is bought
+        again; a result that cannot be recorded is left for the next compile to run again."""
+        for result in self.evaluator.take_finished():
+            candidate = self.state.candidates[result.candidate_id]
+            scores = candidate.scores if result.split == "train" else candidate.val_scores
+            if result.outcome not in ("ok", "failed", "infra") or not scores or scores[result.index] is not None:
+                continue
+            try:
+                self._record_result(result)
+            except Exception as exc:  # never hide the error that stopped the run
+                logger.warning("Could not record a finished evaluation while stopping: %s", exc)
 
     def _announce(self) -> None:
         config, n_train, n_val = self.config, len(self.data.trainset), len(self.data.valset)
