@@ -39,13 +39,13 @@ def datasets() -> tuple[list[dspy.Example], list[dspy.Example]]:
 
 def build(base_url: str, log_dir: str, scenario: str, **overrides: Any) -> tuple[OPROTeleprompter, dspy.Module]:
     connection = {"api_base": base_url, "api_key": "offline", "engine": "litellm", "cache": False, "num_retries": 0}
-    options = {"num_steps": 2, **SCENARIOS[scenario], **overrides}
+    options = {"num_steps": 2, "num_threads": 1, **SCENARIOS[scenario], **overrides}
     metric: Any = simulated_metric
     if options.pop("label_free", False):
         metric = PairwisePreference(judge_model=dspy.LM(JUDGE, **connection))
     teleprompter = OPROTeleprompter(metric, prompt_model=dspy.LM(OPTIMIZER, **connection),
-                                    task_model=dspy.LM(TASK, **connection), num_candidates=2,
-                                    num_threads=1, log_dir=log_dir, **options)
+                                    task_model=dspy.LM(TASK, **connection), num_candidates=2, log_dir=log_dir,
+                                    **options)
     return teleprompter, dspy.Predict("question -> answer")
 
 
