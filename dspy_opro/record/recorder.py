@@ -207,7 +207,10 @@ class RunRecorder:
             entry["m"] = count
         if anchor is not None:
             entry["t"] = anchor
-        self._journal.append(entry)
+        try:
+            self._journal.append(entry)
+        except OSError as exc:  # a full disk: the run stops, and end() saves state.json if it still can
+            raise self._write_error(exc) from exc
 
     def save_first(self, state: RunState) -> None:
         """The first snapshot, before anything is paid for: the journal entries of step -1 need it."""
@@ -220,15 +223,10 @@ class RunRecorder:
             return
         try:
             save_state(state, self.log_dir)
+            if self._journal is not None:
+                self._journal.clear()
         except OSError as exc:  # the previous state.json is intact: the write goes to a temporary file first
-            full = exc.errno == errno.ENOSPC
-            raise LogDirError(
-                f"cannot write the run record to {self.log_dir!r}: {exc.strerror or exc}. What was saved before "
-                f"is kept; {'free disk space' if full else 'fix the folder'} and compile again with the same log_dir "
-                "to resume."
-            ) from exc
-        if self._journal is not None:
-            self._journal.clear()
+            raise self._write_error(exc) from exc
         if final:
             try:
                 from dspy_opro.record.report import write_run_report  # matplotlib, when drawn, only here
@@ -236,6 +234,12 @@ class RunRecorder:
                 write_run_report(state, self.log_dir)
             except Exception as exc:  # a report must never cost the run
                 logger.warning("Could not write the run report: %s", exc)
+
+    def _write_error(self, exc: OSError) -> LogDirError:
+        full = exc.errno == errno.ENOSPC
+        return LogDirError(
+            f"cannot write the run record to {self.log_dir!r}: {exc.strerror or exc}. What was saved before is kept; "
+            f"{'free disk space' if full else 'fix the folder'} and compile again with the same log_dir to resume.")
 
     def write_step_report(self, state: RunState, step: int) -> None:
         """``steps/NNN/``: the exact meta-prompt, the replies and the step's report."""
