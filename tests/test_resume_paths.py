@@ -116,3 +116,19 @@ def test_compiling_again_after_an_outage_scores_exactly_the_candidates_it_left_u
         endpoint.reset_log()
         compile_in_process(endpoint, tmp_path, num_steps=1)
         assert endpoint.requests == []
+
+
+@pytest.mark.slow  # SIGKILLs child processes running a compile
+def test_max_metric_calls_holds_at_the_endpoint_across_repeated_kills(tmp_path):
+    """Three kills, each after seven answered task requests, then a resume: the endpoint served at most the budget
+    plus the one evaluation in flight at each kill, and the record counts exactly the budget."""
+    limit, kills = 20, 3
+    with SimulatedEndpoint() as endpoint:
+        for _ in range(kills):
+            kill_child(endpoint, tmp_path, 7, max_metric_calls=limit)
+        resumed = compile_in_process(endpoint, tmp_path, max_metric_calls=limit).opro_run
+        served = paid_tasks(endpoint)
+    print(f"max_metric_calls={limit}, {kills} kills: the endpoint served {len(served)} task requests")
+    assert resumed.status == "stopped" and resumed.metric_calls == limit
+    assert len(served) <= limit + kills
+    assert sum((Counter(served) - Counter(set(served))).values()) <= kills  # repeats: the ones in flight at kills
