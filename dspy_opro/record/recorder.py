@@ -8,10 +8,13 @@
   is read again under the lock, checked against this compile's fingerprint, and the journal is replayed into it;
 * a run stopped by its budget continues when the budget now allows more, a finished run continues from its last
   step when ``num_steps`` grew, a failed or interrupted run continues where it was, and candidates an outage left
-  unscored are tried again;
+  unscored (:func:`infrastructure_unscored`) are tried again, a finished run's too (its result is then selected
+  anew);
 * without a saved record, a new one is made.
 
-Every finished evaluation is journaled with what it cost (:meth:`journal`), and every snapshot clears the journal.
+Every finished evaluation is journaled with what it cost and the run's count of evaluations (:meth:`journal`), and
+every snapshot clears the journal. On resume every journal line is checked, then replayed onto its candidate by
+instruction digest and example whatever the candidate's saved status, and counted once.
 :meth:`end` marks a run that an exception or Ctrl-C ended, saves it with its report and says how to resume.
 """
 
@@ -93,7 +96,19 @@ class RunRecorder:
             if not self._budget_allows_more(saved):
                 self._lock = None
                 return saved
-        check_log_dir_writable(self.log_dir)
+        try:
+            check_log_dir_writable(self.log_dir)
+        except LogDirError:
+            if saved is None or saved.selection is None or self._wants_more_steps(saved) \
+                    or self._budget_allows_more(saved):
+                raise
+            # A finished run with candidates an outage left unscored, in a folder that cannot be written: its
+            # result as it is, rather than no result.
+            check_fingerprint(saved, fingerprint, self.log_dir)
+            logger.warning("The saved run has candidates an outage left unscored, but %s cannot be written; "
+                           "returning its result without scoring them", self.log_dir)
+            self._lock = None
+            return saved
         assert self._lock is not None
         self._lock.acquire()
         try:
