@@ -34,6 +34,7 @@ from typing import Any, Literal
 import dspy
 
 from dspy_opro.checks import require_bool, require_choice, require_int, require_number
+from dspy_opro.errors import LogDirError
 from dspy_opro.extensions import HardDiverse, Racing, ValGate
 from dspy_opro.proposing.initial import InitialInstructions, check_initial_instructions, initial_settings
 from dspy_opro.proposing.meta_prompt import validate_meta_prompt_options
@@ -248,6 +249,13 @@ class OPROConfig:
         None, group="execution", kind="execution", compare=False,
         doc="""A ``concurrent.futures.Executor`` to run evaluations on instead of threads (for example
         ``distributed.Client(...).get_executor()``).""")
+    timeout: float | None = setting(
+        900.0, group="execution", kind="execution",
+        doc="""Seconds an evaluation (the program and its metric on one example) may take before it is abandoned
+        as an infrastructure failure: retried once, then its candidate is left unscored, and compiling again scores
+        it. The default, 15 minutes, lets a long agent run (dozens of tool-calling turns, each LM call bounded by
+        the client's own request timeout, LiteLLM's 10 minutes) finish, and still ends a hung request or a program
+        that never returns. None: no limit.""")
     failure_score: float = setting(
         0.0, group="execution",
         doc="The score of a run whose program raised (other than an infrastructure failure).")
@@ -346,10 +354,16 @@ class OPROConfig:
         require_int("num_threads", self.num_threads, minimum=1, allow_none=True)
         if self.executor is not None and not isinstance(self.executor, cf.Executor):
             raise TypeError(f"executor must be a concurrent.futures.Executor; got {self.executor!r}")
+        require_number("timeout", self.timeout, low=0.0, high=math.inf, allow_none=True)
+        if self.timeout == 0:
+            raise ValueError("timeout=0 would abandon every evaluation; pass seconds > 0, or None for no limit")
         require_number("failure_score", self.failure_score, low=0.0, high=1.0)
         require_int("max_errors", self.max_errors, minimum=0, allow_none=True, meaning=" (0 stops at the first)")
         if self.log_dir is not None and not isinstance(self.log_dir, str):
             raise TypeError(f"log_dir must be a folder path (str or os.PathLike); got {self.log_dir!r}")
+        if isinstance(self.log_dir, str) and not self.log_dir.strip():
+            raise LogDirError(f"log_dir={self.log_dir!r} names no folder; pass a folder path (for example "
+                              "log_dir='runs/opro') to keep a crash-safe run record, or log_dir=None to keep none")
         require_int("seed", self.seed, minimum=0)
         require_bool("display_progress", self.display_progress)
         require_bool("track_stats", self.track_stats)

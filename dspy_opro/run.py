@@ -128,7 +128,7 @@ class OPRORun:
                 for key, text in self.state.anchors.items():
                     split, index = key.split(":")
                     self.anchored.add_anchor(self.data.examples(_split(split))[int(index)], text)
-            self.evaluator = Evaluator(num_threads=self.num_threads, executor=config.executor)
+            self.evaluator = Evaluator(num_threads=self.num_threads, executor=config.executor, timeout=config.timeout)
             # Each candidate's scoring is a span its evaluations run under, and is reported to DSPy's callbacks.
             self.spans = CandidateSpans()
             if self.spans.enabled:
@@ -192,6 +192,7 @@ class OPRORun:
             return self._result()
         except BaseException as exc:
             # Ctrl-C, a fatal LM error or a broken metric: keep what was paid for before the error propagates.
+            self._keep_finished()
             self._end_session("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
             self.recorder.end(state, exc)
             raise
@@ -204,6 +205,19 @@ class OPRORun:
         """The run's plan in LM calls (the same as ``OPROTeleprompter.estimate`` returns)."""
         return plan_run(self.config, self.models, self.data, self.selection,
                         initial=initial_count(self.config, self.base, self.data), ignores_n=self.ignores_n)
+
+    def _keep_finished(self) -> None:
+        """Record the evaluations that finished while the run was stopping (never consumed), so none is bought
+        again; a result that cannot be recorded is left for the next compile to run again."""
+        for result in self.evaluator.take_finished():
+            candidate = self.state.candidates[result.candidate_id]
+            scores = candidate.scores if result.split == "train" else candidate.val_scores
+            if result.outcome not in ("ok", "failed", "infra") or not scores or scores[result.index] is not None:
+                continue
+            try:
+                self._record_result(result)
+            except Exception as exc:  # never hide the error that stopped the run
+                logger.warning("Could not record a finished evaluation while stopping: %s", exc)
 
     def _announce(self) -> None:
         config, n_train = self.config, len(self.data.trainset)
@@ -533,7 +547,7 @@ class OPRORun:
         error = f"metric: {result.error}" if result.outcome == "metric_error" else result.error
         self.recorder.journal(candidate, index=result.index, split=result.split, outcome=outcome,
                               score=result.score, error=error, answer=result.answer, usage=result.usage,
-                              anchor=result.anchor)
+                              anchor=result.anchor, count=state.metric_calls)
         record_result(candidate, index=result.index, split=result.split, outcome=outcome, score=result.score,
                       error=error, answer=result.answer)
 

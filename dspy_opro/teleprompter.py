@@ -147,6 +147,11 @@ class OPROTeleprompter(Teleprompter):
         num_threads: Parallel evaluations (and optimizer calls); None: ``dspy.settings.num_threads`` or 1.
         executor: A ``concurrent.futures.Executor`` to run evaluations on instead of threads (for example
             ``distributed.Client(...).get_executor()``).
+        timeout: Seconds an evaluation (the program and its metric on one example) may take before it is abandoned
+            as an infrastructure failure: retried once, then its candidate is left unscored, and compiling again
+            scores it. The default, 15 minutes, lets a long agent run (dozens of tool-calling turns, each LM call
+            bounded by the client's own request timeout, LiteLLM's 10 minutes) finish, and still ends a hung request
+            or a program that never returns. None: no limit.
         failure_score: The score of a run whose program raised (other than an infrastructure failure).
         max_errors: How many errors one ``compile`` tolerates before it stops (as in ``dspy.Evaluate`` and MIPROv2,
             whose default, 10, it keeps): exceptions of the metric and of the program, except a task model's answer DSPy
@@ -209,6 +214,7 @@ class OPROTeleprompter(Teleprompter):
         # execution
         num_threads: int | None = None,
         executor: cf.Executor | None = None,
+        timeout: float | None = 900.0,
         failure_score: float = 0.0,
         max_errors: int | None = 10,
         # record
@@ -229,8 +235,8 @@ class OPROTeleprompter(Teleprompter):
             max_instruction_chars=max_instruction_chars, temperature=temperature, max_tokens=max_tokens,
             predictors=predictors, select=select, top_k=top_k, val_gate=val_gate,
             max_metric_calls=max_metric_calls, max_cost=max_cost, racing=racing, num_threads=num_threads,
-            executor=executor, failure_score=failure_score, max_errors=max_errors, log_dir=log_dir, seed=seed,
-            display_progress=display_progress, track_stats=track_stats,
+            executor=executor, timeout=timeout, failure_score=failure_score, max_errors=max_errors, log_dir=log_dir,
+            seed=seed, display_progress=display_progress, track_stats=track_stats,
         )
         self.metric = metric  # as every DSPy teleprompter exposes it
         catch_up_mlflow_autolog(type(self), _PLAIN_COMPILE)

@@ -1,12 +1,14 @@
 """An OPRO run against a simulated endpoint that SIGKILLs itself at a chosen LM call, for the crash tests.
 
-``python -m tests.kill_job BASE_URL LOG_DIR SCENARIO MODEL SPLIT KILL_AT`` runs :func:`build`'s compile and kills
-the process right after the KILL_AT-th answered request of MODEL whose prompt holds a question of SPLIT
-(``train``, ``val`` or ``any``): the answer was paid for, the evaluation it belongs to is never recorded.
+``python -m tests.kill_job BASE_URL LOG_DIR SCENARIO MODEL SPLIT KILL_AT [OPTIONS_JSON]`` runs :func:`build`'s
+compile (with the settings of OPTIONS_JSON over the scenario's) and kills the process right after the KILL_AT-th
+answered request of MODEL whose prompt holds a question of SPLIT (``train``, ``val`` or ``any``): the answer was
+paid for, the evaluation it belongs to is never recorded.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -37,16 +39,16 @@ def datasets() -> tuple[list[dspy.Example], list[dspy.Example]]:
     return simulated_dataset(6, seed=1), simulated_dataset(4, seed=2)
 
 
-def build(base_url: str, log_dir: str, scenario: str) -> tuple[OPROTeleprompter, dspy.Module]:
+def build(base_url: str, log_dir: str, scenario: str, **overrides: Any) -> tuple[OPROTeleprompter, dspy.Module]:
     connection = {"api_base": base_url, "api_key": "offline", "engine": "litellm", "cache": False, "num_retries": 0}
-    options = dict(SCENARIOS[scenario])
+    options = {"num_steps": 2, "num_threads": 1, **SCENARIOS[scenario], **overrides}
     optimizer = options.pop("prompt_model", OPTIMIZER)
     metric: Any = simulated_metric
     if options.pop("label_free", False):
         metric = PairwisePreference(judge_model=dspy.LM(JUDGE, **connection))
     teleprompter = OPROTeleprompter(metric, prompt_model=dspy.LM(optimizer, **connection),
-                                    task_model=dspy.LM(TASK, **connection), num_steps=2, num_candidates=2,
-                                    num_threads=1, log_dir=log_dir, **options)
+                                    task_model=dspy.LM(TASK, **connection), num_candidates=2, log_dir=log_dir,
+                                    **options)
     return teleprompter, dspy.Predict("question -> answer")
 
 
@@ -73,9 +75,10 @@ class KillAt(BaseCallback):
 
 if __name__ == "__main__":
     base_url, log_dir, scenario, model, split, kill_at = sys.argv[1:7]
+    overrides = json.loads(sys.argv[7]) if len(sys.argv) > 7 else {}
     trainset, valset = datasets()
     questions = [e.question for e in {"train": trainset, "val": valset, "any": trainset + valset}[split]]
-    teleprompter, program = build(base_url, log_dir, scenario)
+    teleprompter, program = build(base_url, log_dir, scenario, **overrides)
     with dspy.context(callbacks=[KillAt(model, questions, int(kill_at))]):
         teleprompter.compile(program, trainset=trainset, valset=valset)
     sys.exit(3)  # the kill point was never reached

@@ -175,3 +175,23 @@ def test_a_program_that_tracks_its_own_usage_still_counts():
     prices = litellm.model_cost["gpt-4o-mini"]
     assert got.cost == pytest.approx(sum(r.prompt_tokens * prices["input_cost_per_token"] + r.completion_tokens
                                          * prices["output_cost_per_token"] for r in records), rel=1e-9)
+
+
+@pytest.mark.parametrize("fail_kind", ["invalid_utf8", "empty_choices"])
+def test_a_200_reply_the_client_could_not_use_still_counts_the_usage_it_carried(fail_kind):
+    """A 200 reply that is not UTF-8 (a server error to DSPy) or has no choices (a program failure) was served and
+    carried a usage object: its tokens and cost count, so the record equals what the endpoint billed."""
+    from dspy_opro.testing import FaultConfig
+
+    faults = FaultConfig(fail_requests={2, 3}, fail_kind=fail_kind, only_kinds={"task"})
+    with SimulatedEndpoint(faults=faults) as endpoint:
+        optimizer = OPROTeleprompter(simulated_metric, prompt_model=endpoint.lm(OPTIMIZER, num_retries=0),
+                                     task_model=endpoint.lm(TASK, num_retries=0), num_steps=1, num_candidates=1,
+                                     num_threads=1)
+        run = optimizer.compile(dspy.Predict("question -> answer"), trainset=simulated_dataset(4)).opro_run
+        tasks = [r for r in endpoint.requests if r.kind == "task"]
+    assert [r.fault for r in tasks[2:4]] == [fail_kind, fail_kind] and all(r.status == 200 for r in tasks)
+    usage = run.usage.by_model[TASK]
+    assert (usage.prompt_tokens, usage.completion_tokens) == (sum(r.prompt_tokens for r in tasks),
+                                                             sum(r.completion_tokens for r in tasks))
+    assert usage.cost == pytest.approx(served_cost(tasks, TASK), rel=1e-9)

@@ -17,16 +17,18 @@ A different configuration, dataset or program is refused by :func:`check_fingerp
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from dspy_opro.errors import LogDirError, RunInProgressError, StateFileError
-from dspy_opro.record.state import SCHEMA_VERSION, Fingerprint, RunState
+from dspy_opro.record.state import SCHEMA_VERSION, CandidateStatus, Fingerprint, ModelUsage, RunState
 
 STATE_FILE = "state.json"
 PROGRESS_FILE = "progress.jsonl"
@@ -34,11 +36,15 @@ LOCK_FILE = "run.lock"
 
 
 def check_log_dir_is_folder(log_dir: str) -> None:
-    """Refuse a ``log_dir`` that is a file, before any LM call."""
+    """Refuse a ``log_dir`` that is a file, or whose ``run.lock`` is not a file, before any LM call."""
     path = Path(log_dir)
     if path.exists() and not path.is_dir():
         raise LogDirError(f"log_dir {str(path)!r} is a file, not a folder. Pass the path of a folder (it is created "
                           "if missing), or move the file away.")
+    lock = path / LOCK_FILE
+    if lock.exists() and not lock.is_file():
+        raise LogDirError(f"{str(lock)!r} is not a file, so the run cannot take its lock there. Remove it (the run "
+                          "creates the file), or choose another log_dir.")
 
 
 def check_log_dir_writable(log_dir: str) -> None:
@@ -126,9 +132,38 @@ def load_state(log_dir: str | os.PathLike[str]) -> RunState | None:
             "Use the dspy-opro version that wrote it, or choose another log_dir."
         )
     try:
-        return RunState.model_validate(data)
+        state = RunState.model_validate(data)
     except ValidationError as exc:
         raise StateFileError(f"{path} does not hold a valid OPRO run record: {exc}") from exc
+    check_record(state, path)
+    return state
+
+
+def _bad_score(value: float | None) -> bool:
+    return value is not None and (math.isnan(value) or not 0.0 <= value <= 1.0)
+
+
+def check_record(state: RunState, path: str | os.PathLike[str]) -> None:
+    """Refuse a record whose scores cannot be right: a score outside [0, 1] (or NaN), a score list whose length is
+    not its split's size, a mean outside [0, 1]; the error names the file, the candidate and the field."""
+    def refuse(candidate: int, field: str, problem: str) -> StateFileError:
+        return StateFileError(f"{path}: candidate {candidate}, field {field}: {problem}. The record was changed "
+                              "outside dspy-opro: restore it from a backup, or delete the log_dir to start afresh.")
+
+    for candidate in state.candidates:
+        sizes = {"scores": state.train_size, "val_scores": state.val_size}
+        for field, size in sizes.items():
+            values = getattr(candidate, field)
+            if values is None or (field == "scores" and candidate.status == CandidateStatus.SKIPPED and not values):
+                continue
+            if len(values) != size:
+                raise refuse(candidate.id, field, f"{len(values)} scores, but the split has {size} examples")
+            for index, value in enumerate(values):
+                if _bad_score(value):
+                    raise refuse(candidate.id, f"{field}[{index}]", f"{value} is not a score in [0, 1]")
+        for field in ("score", "val_score"):
+            if _bad_score(getattr(candidate, field)):
+                raise refuse(candidate.id, field, f"{getattr(candidate, field)} is not a score in [0, 1]")
 
 
 def _from_version_1(data: dict[str, Any]) -> dict[str, Any]:
@@ -280,31 +315,108 @@ class ProgressJournal:
     @staticmethod
     def read(log_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
         """The entries, skipping lines that are not whole JSON objects in UTF-8 (a torn write at a crash)."""
+        return [entry for _, entry in ProgressJournal.read_numbered(log_dir)]
+
+    @staticmethod
+    def read_numbered(log_dir: str | os.PathLike[str]) -> list[tuple[int, dict[str, Any]]]:
+        """The entries with their line numbers (from 1), skipping lines that are not whole JSON objects."""
         path = Path(log_dir) / PROGRESS_FILE
         try:
             data = path.read_bytes()
         except FileNotFoundError:
             return []
         entries = []
-        for line in data.split(b"\n"):
+        for number, line in enumerate(data.split(b"\n"), start=1):
             try:
                 entry = json.loads(line.decode("utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError):
                 continue
             if isinstance(entry, dict):
-                entries.append(entry)
+                entries.append((number, entry))
         return entries
+
+
+OUTCOMES = ("ok", "failed", "infra")  # the outcomes a journal entry records (fatal and metric errors stop the run)
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One journaled evaluation, checked against the record it is replayed into."""
+
+    candidate: int
+    index: int
+    split: str
+    outcome: str
+    score: float | None
+    error: str | None
+    answer: str | None
+    usage: dict[str, ModelUsage]
+    anchor: str | None
+    count: int | None  # the run's count of evaluations with this one; None from versions that did not write it
+
+
+def journal_entry(raw: dict[str, Any], state: RunState, *, path: str | os.PathLike[str],
+                  line: int) -> JournalEntry | None:
+    """Check one journal line against ``state``: None when it names another instruction than the record's
+    candidate of that number (not this run's), else the entry; anything else wrong is a :class:`StateFileError`
+    naming the file, the line, the candidate and the field."""
+    number = raw.get("c")
+
+    def refuse(field: str, problem: str) -> StateFileError:
+        return StateFileError(
+            f"{path}, line {line}: candidate {number!r}, field {field}: {problem}. The journal was changed outside "
+            f"dspy-opro: delete that line (or the whole file: its evaluations are run again) and compile again.")
+
+    if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < len(state.candidates):
+        raise refuse("c (candidate)", f"the record has candidates 0 to {len(state.candidates) - 1}")
+    candidate = state.candidates[number]
+    if raw.get("d") != candidate.md5:
+        return None
+    split = raw.get("split", "train")
+    if split not in ("train", "val"):
+        raise refuse("split", f"{split!r} is neither 'train' nor 'val'")
+    index, size = raw.get("i"), state.train_size if split == "train" else state.val_size
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < size:
+        raise refuse("i (example)", f"{index!r} is not an example of the {split} split (0 to {size - 1})")
+    if split == "train" and len(candidate.scores) != size:
+        raise refuse("c (candidate)", f"candidate {number} is not scored on the training set ({candidate.status})")
+    outcome = raw.get("o")
+    if outcome not in OUTCOMES:
+        raise refuse("o (outcome)", f"{outcome!r} is not one of {', '.join(OUTCOMES)}")
+    score = raw.get("s")
+    if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float)) or _bad_score(score)):
+        raise refuse("s (score)", f"{score!r} is not a score in [0, 1]")
+    if score is not None and outcome == "infra":
+        raise refuse("s (score)", f"{score!r}, but an infrastructure failure has no score")
+    count = raw.get("m")
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+        raise refuse("m (evaluation count)", f"{count!r} is not a positive count")
+    try:
+        usage = {str(model): ModelUsage.model_validate(value) for model, value in (raw.get("u") or {}).items()}
+    except (AttributeError, ValidationError) as exc:
+        raise refuse("u (usage)", f"not a usage record ({exc})") from None
+    texts = {key: raw.get(key) for key in ("e", "a", "t")}
+    for key, value in texts.items():
+        if value is not None and not isinstance(value, str):
+            raise refuse(key, f"{value!r} is not text")
+    return JournalEntry(candidate=number, index=index, split=split, outcome=outcome,
+                        score=None if score is None else float(score), error=texts["e"], answer=texts["a"],
+                        usage=usage, anchor=texts["t"], count=count)
 
 
 __all__ = [
     "LOCK_FILE",
+    "OUTCOMES",
     "PROGRESS_FILE",
     "STATE_FILE",
     "LogDirLock",
     "ProgressJournal",
+    "JournalEntry",
     "check_fingerprint",
+    "check_record",
     "check_log_dir_is_folder",
     "check_log_dir_writable",
+    "journal_entry",
     "load_state",
     "lock_is_held",
     "save_state",

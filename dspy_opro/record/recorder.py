@@ -8,10 +8,13 @@
   is read again under the lock, checked against this compile's fingerprint, and the journal is replayed into it;
 * a run stopped by its budget continues when the budget now allows more, a finished run continues from its last
   step when ``num_steps`` grew, a failed or interrupted run continues where it was, and candidates an outage left
-  unscored are tried again;
+  unscored (:func:`infrastructure_unscored`) are tried again, a finished run's too (its result is then selected
+  anew);
 * without a saved record, a new one is made.
 
-Every finished evaluation is journaled with what it cost (:meth:`journal`), and every snapshot clears the journal.
+Every finished evaluation is journaled with what it cost and the run's count of evaluations (:meth:`journal`), and
+every snapshot clears the journal. On resume every journal line is checked, then replayed onto its candidate by
+instruction digest and example whatever the candidate's saved status, and counted once.
 :meth:`end` marks a run that an exception or Ctrl-C ended, saves it with its report and says how to resume.
 """
 
@@ -22,14 +25,16 @@ import logging
 import os
 from pathlib import Path
 
-from dspy_opro.errors import LogDirError, describe_exception
+from dspy_opro.errors import LogDirError, StateFileError, describe_exception
 from dspy_opro.record.files import (
+    PROGRESS_FILE,
     STATE_FILE,
     LogDirLock,
     ProgressJournal,
     check_fingerprint,
     check_log_dir_is_folder,
     check_log_dir_writable,
+    journal_entry,
     load_state,
     save_state,
 )
@@ -45,6 +50,13 @@ from dspy_opro.record.state import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+def infrastructure_unscored(candidate: Candidate) -> bool:
+    """Whether infrastructure failures (an outage, a timeout) left ``candidate`` unscored: compiling again with
+    the same ``log_dir`` scores exactly these candidates, once the provider is back."""
+    reason = candidate.reason or ""
+    return candidate.status == CandidateStatus.UNSCORED and ("infrastructure" in reason or "LM failures" in reason)
 
 
 class RunRecorder:
@@ -77,13 +89,26 @@ class RunRecorder:
         if not self.log_dir:
             return None
         saved = load_state(self.log_dir)
-        if saved is not None and saved.selection is not None and not self._wants_more_steps(saved):
+        if (saved is not None and saved.selection is not None and not self._wants_more_steps(saved)
+                and not self._retries_outage(saved)):
             # A finished run: its result needs no lock, so a read-only log_dir still returns it.
             check_fingerprint(saved, fingerprint, self.log_dir)
             if not self._budget_allows_more(saved):
                 self._lock = None
                 return saved
-        check_log_dir_writable(self.log_dir)
+        try:
+            check_log_dir_writable(self.log_dir)
+        except LogDirError:
+            if saved is None or saved.selection is None or self._wants_more_steps(saved) \
+                    or self._budget_allows_more(saved):
+                raise
+            # A finished run with candidates an outage left unscored, in a folder that cannot be written: its
+            # result as it is, rather than no result.
+            check_fingerprint(saved, fingerprint, self.log_dir)
+            logger.warning("The saved run has candidates an outage left unscored, but %s cannot be written; "
+                           "returning its result without scoring them", self.log_dir)
+            self._lock = None
+            return saved
         assert self._lock is not None
         self._lock.acquire()
         try:
@@ -103,33 +128,44 @@ class RunRecorder:
     def _replay_journal(self, state: RunState) -> None:
         """Apply evaluations that finished after the last snapshot of ``state.json``, with what they cost.
 
-        An entry applies only to the candidate with the same instruction digest, and only where the snapshot has
-        no score yet (a crash between writing the snapshot and clearing the journal leaves entries it holds).
+        Every entry (:func:`~dspy_opro.record.files.journal_entry`, checked as it is read) counts once: its usage
+        and its evaluation are added, and its score goes onto the candidate with the same instruction digest,
+        whatever that candidate's saved status (a candidate reopened by a larger budget or after an outage is
+        scored again only where it has no score). An entry numbered at or below the snapshot's count of
+        evaluations is already in it (a crash between writing the snapshot and clearing the journal leaves such
+        entries); a score that contradicts the record is a :class:`StateFileError`.
         """
         assert self.log_dir is not None
-        for entry in ProgressJournal.read(self.log_dir):
-            try:
-                number, index, split = int(entry["c"]), int(entry["i"]), entry.get("split", "train")
-                candidate = state.candidates[number] if 0 <= number < len(state.candidates) else None
-                if candidate is None or entry.get("d") != candidate.md5:
-                    continue
-                if split == "train" and candidate.status != CandidateStatus.PENDING:
-                    continue
-                if split == "val" and candidate.val_scores is None:
-                    candidate.val_scores = no_scores(state.val_size)
-                scores = candidate.scores if split == "train" else candidate.val_scores or []
-                if not 0 <= index < len(scores) or scores[index] is not None or entry.get("s") is None:
-                    continue
-                usage = {model: ModelUsage.model_validate(value) for model, value in (entry.get("u") or {}).items()}
-                outcome, score = str(entry["o"]), float(entry["s"])
-            except (KeyError, TypeError, ValueError):
-                continue  # not an entry this version wrote
-            record_result(candidate, index=index, split=split, outcome=outcome, score=score, error=entry.get("e"),
-                          answer=entry.get("a"))
-            if "t" in entry:
-                state.anchors[f"{split}:{index}"] = entry["t"]
-            state.usage.record("task", usage)
-            state.metric_calls += 1
+        path = Path(self.log_dir) / PROGRESS_FILE
+        for line, raw in ProgressJournal.read_numbered(self.log_dir):
+            entry = journal_entry(raw, state, path=path, line=line)
+            if entry is None:
+                continue  # another instruction under this candidate's number: not this run's evaluation
+            candidate = state.candidates[entry.candidate]
+            scores = candidate.scores if entry.split == "train" else (candidate.val_scores or [])
+            saved = scores[entry.index] if scores else None
+            if saved is not None and entry.score is not None and saved != entry.score:
+                raise StateFileError(
+                    f"{path}, line {line}: candidate {candidate.id}, field s (score) of {entry.split} example "
+                    f"{entry.index} is {entry.score}, but {STATE_FILE} records {saved}. The journal does not belong "
+                    f"to this record: delete {PROGRESS_FILE} (its evaluations are run again) and compile again.")
+            already = entry.count is not None and entry.count <= state.metric_calls
+            if already or (entry.count is None and saved is not None):
+                continue  # in the snapshot already
+            if entry.split == "val" and candidate.val_scores is None:
+                candidate.val_scores = no_scores(state.val_size)
+            if entry.score is not None and saved is None:
+                record_result(candidate, index=entry.index, split=entry.split, outcome=entry.outcome,
+                              score=entry.score, error=entry.error, answer=entry.answer)
+            if entry.anchor is not None:
+                state.anchors[f"{entry.split}:{entry.index}"] = entry.anchor
+            state.usage.record("task", entry.usage)
+            state.metric_calls = max(state.metric_calls + 1, entry.count or 0)
+
+    @staticmethod
+    def _retries_outage(state: RunState) -> bool:
+        """Whether a finished run is opened again to score the candidates an outage left unscored."""
+        return state.status == "finished" and any(infrastructure_unscored(c) for c in state.candidates)
 
     def _wants_more_steps(self, state: RunState) -> bool:
         return self.num_steps > len(state.steps) and state.status != "stopped"
@@ -153,28 +189,43 @@ class RunRecorder:
                         self.num_steps)
             state.status, state.selection = "running", None
             state.config["num_steps"] = self.num_steps
+        if state.selection is not None and self._retries_outage(state):
+            unscored = [c.id for c in state.candidates if infrastructure_unscored(c)]
+            logger.info("The saved run finished with candidates %s unscored (infrastructure); they are scored again "
+                        "and the result selected anew", unscored)
+            state.status, state.stop_reason, state.selection = "running", None, None
         if state.status in ("failed", "interrupted") and state.selection is None:
             logger.info("The saved run was %s (%s); it continues", state.status, state.stop_reason)
             state.status, state.stop_reason = "running", None
         if state.selection is None:  # candidates an outage left unscored are tried again
             for candidate in state.candidates:
-                if candidate.status == CandidateStatus.UNSCORED:
+                if infrastructure_unscored(candidate):
                     candidate.status, candidate.reason = CandidateStatus.PENDING, None
 
     # ------------------------------------------------------------------------------------------------------------
     # Writing
 
     def journal(self, candidate: Candidate, *, index: int, split: str, outcome: str, score: float | None,
-                error: str | None, answer: str | None, usage: dict[str, ModelUsage], anchor: str | None) -> None:
-        """Journal one finished evaluation: the candidate's instruction digest, the outcome and what it cost."""
+                error: str | None, answer: str | None, usage: dict[str, ModelUsage], anchor: str | None,
+                count: int | None = None) -> None:
+        """Journal one finished evaluation: the candidate's instruction digest, the outcome and what it cost.
+
+        ``count`` is the run's count of evaluations with this one (``metric_calls``): on resume it tells the
+        entries a snapshot already holds from the ones it does not.
+        """
         if self._journal is None:
             return
         entry: dict[str, object] = {
             "c": candidate.id, "d": candidate.md5, "i": index, "o": outcome, "s": score, "e": error, "a": answer,
             "split": split, "u": {model: value.model_dump() for model, value in usage.items()}}
+        if count is not None:
+            entry["m"] = count
         if anchor is not None:
             entry["t"] = anchor
-        self._journal.append(entry)
+        try:
+            self._journal.append(entry)
+        except OSError as exc:  # a full disk: the run stops, and end() saves state.json if it still can
+            raise self._write_error(exc) from exc
 
     def save_first(self, state: RunState) -> None:
         """The first snapshot, before anything is paid for: the journal entries of step -1 need it."""
@@ -187,15 +238,10 @@ class RunRecorder:
             return
         try:
             save_state(state, self.log_dir)
+            if self._journal is not None:
+                self._journal.clear()
         except OSError as exc:  # the previous state.json is intact: the write goes to a temporary file first
-            full = exc.errno == errno.ENOSPC
-            raise LogDirError(
-                f"cannot write the run record to {self.log_dir!r}: {exc.strerror or exc}. What was saved before "
-                f"is kept; {'free disk space' if full else 'fix the folder'} and compile again with the same log_dir "
-                "to resume."
-            ) from exc
-        if self._journal is not None:
-            self._journal.clear()
+            raise self._write_error(exc) from exc
         if final:
             try:
                 from dspy_opro.record.report import write_run_report  # matplotlib, when drawn, only here
@@ -203,6 +249,12 @@ class RunRecorder:
                 write_run_report(state, self.log_dir)
             except Exception as exc:  # a report must never cost the run
                 logger.warning("Could not write the run report: %s", exc)
+
+    def _write_error(self, exc: OSError) -> LogDirError:
+        full = exc.errno == errno.ENOSPC
+        return LogDirError(
+            f"cannot write the run record to {self.log_dir!r}: {exc.strerror or exc}. What was saved before is kept; "
+            f"{'free disk space' if full else 'fix the folder'} and compile again with the same log_dir to resume.")
 
     def write_step_report(self, state: RunState, step: int) -> None:
         """``steps/NNN/``: the exact meta-prompt, the replies and the step's report."""
@@ -244,4 +296,4 @@ class RunRecorder:
             self._lock.release()
 
 
-__all__ = ["RunRecorder"]
+__all__ = ["RunRecorder", "infrastructure_unscored"]

@@ -225,6 +225,7 @@ def run_example(job: ExampleJob, *, transport_retries: int = 1) -> ExampleResult
                 raise EmptyResponseError("the model returned no choices, so the program produced no outputs")
             break
         except Exception as exc:  # the program's own failure, classified below
+            capture.count_unreadable_reply(exc, _failed_model(job, exc))
             kind = classify_exception(exc)
             if kind == "infra" and attempts <= transport_retries:
                 logger.debug("Retrying example %d after %s", job.index, describe_exception(exc))
@@ -258,6 +259,7 @@ def run_example(job: ExampleJob, *, transport_retries: int = 1) -> ExampleResult
             score = coerce_score(value)
             break
         except Exception as exc:
+            capture.count_unreadable_reply(exc, _failed_model(job, exc))
             kind = classify_exception(exc)
             if kind == "infra" and attempts <= transport_retries:
                 logger.debug("Retrying the metric on example %d after %s", job.index, describe_exception(exc))
@@ -277,6 +279,16 @@ def run_example(job: ExampleJob, *, transport_retries: int = 1) -> ExampleResult
                          error=program_error, answer=answer,
                          usage=capture.result(settle=SETTLE_SECONDS if program_error else 0.0), split=job.split,
                          anchor=anchor if isinstance(anchor, str) else None)
+
+
+def _failed_model(job: ExampleJob, exc: BaseException) -> str | None:
+    """The model name (as ``dspy.LM.model`` gives it) whose call raised ``exc``: the one the error names, else the
+    task model."""
+    task_model = getattr(job.settings.get("lm"), "model", None)
+    named = getattr(exc, "model", None)
+    if isinstance(named, str) and named and task_model and not task_model.endswith(named):
+        return named
+    return task_model
 
 
 __all__ = [

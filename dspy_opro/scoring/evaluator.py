@@ -7,15 +7,27 @@ in a copy of the caller's context (DSPy's settings and active call id), as DSPy'
 
 :class:`Budget` reads what was spent from the run record (the one count of evaluations, ``metric_calls``, and the
 recorded cost) and adds the evaluations in flight, so nothing is counted twice.
+
+Nothing hangs the run: an evaluation that has not finished ``timeout`` seconds after it was handed to a worker is
+abandoned, retried once, then reported as an ``infra`` outcome (the candidate is left unscored and compiling again
+scores it). A thread cannot be killed, so the abandoned one runs on, in the background: its late result is never
+read, and what its LM calls cost, should they ever return, is not counted (the provider may bill it). Worker
+threads are daemon threads, so neither an abandoned evaluation nor Ctrl-C waits for them: the process ends at once,
+and :meth:`Evaluator.take_finished` hands over the evaluations that finished but were not yet consumed, so the run
+records them before it saves.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextvars
+import itertools
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from dspy_opro.compat import current_context, run_in_context
 from dspy_opro.errors import OPRORunError, describe_exception
@@ -64,7 +76,7 @@ class Batch:
 
     def __iter__(self) -> Iterator[ExampleResult]:
         evaluator, budget = self._evaluator, self._budget
-        pending: dict[cf.Future[ExampleResult], tuple[ExampleJob, int]] = {}
+        pending: dict[cf.Future[ExampleResult], tuple[ExampleJob, int, float]] = {}
         job_iter = iter(self._jobs)
         jobs_left = True
         try:
@@ -77,14 +89,14 @@ class Batch:
                     if job is None:
                         jobs_left = False
                         break
-                    pending[evaluator.submit(job)] = (job, 0)
+                    pending[evaluator.submit(job)] = (job, 0, time.monotonic())
                 if not pending:
                     return
-                done, _ = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                done, _ = cf.wait(pending, timeout=self._wait_time(pending), return_when=cf.FIRST_COMPLETED)
                 for future in done:
-                    job, resubmits = pending.pop(future)
+                    job, resubmits, _started = pending.pop(future)
                     try:
-                        result = future.result()
+                        result = evaluator.consume(future)
                     except Exception as exc:  # the worker itself failed, not the program
                         if "pickle" in str(exc).lower():
                             raise OPRORunError(
@@ -96,14 +108,64 @@ class Batch:
                         if resubmits < 1:
                             logger.warning("Worker failed on example %d (%s); retrying once", job.index,
                                            describe_exception(exc))
-                            pending[evaluator.submit(job)] = (job, resubmits + 1)
+                            pending[evaluator.submit(job)] = (job, resubmits + 1, time.monotonic())
                             continue
                         result = ExampleResult(job.candidate_id, job.index, "infra", error=describe_exception(exc),
                                                split=job.split)
                     yield result
+                for future in self._overdue(pending):
+                    job, resubmits, _started = pending.pop(future)
+                    evaluator.abandon(future)
+                    error = (f"TimeoutError: the evaluation did not finish within timeout={evaluator.timeout:g} s "
+                             "and was abandoned")
+                    if resubmits < 1:
+                        logger.warning("Evaluation of %s example %d did not finish within timeout=%g s; abandoned, "
+                                       "retrying once", job.split, job.index, evaluator.timeout)
+                        pending[evaluator.submit(job)] = (job, resubmits + 1, time.monotonic())
+                        continue
+                    yield ExampleResult(job.candidate_id, job.index, "infra", error=error, split=job.split)
         finally:
             for future in pending:  # an exception in the consumer, or Ctrl-C: start nothing more
                 future.cancel()
+
+    def _wait_time(self, pending: dict[cf.Future[ExampleResult], tuple[ExampleJob, int, float]]) -> float | None:
+        """Seconds until the first evaluation in flight is overdue (None: no time limit)."""
+        timeout = self._evaluator.timeout
+        if timeout is None:
+            return None
+        first = min(started for _, _, started in pending.values())
+        return max(first + timeout - time.monotonic(), 0.0)
+
+    def _overdue(self, pending: dict[cf.Future[ExampleResult], tuple[ExampleJob, int, float]]
+                 ) -> list[cf.Future[ExampleResult]]:
+        timeout = self._evaluator.timeout
+        if timeout is None:
+            return []
+        now = time.monotonic()
+        return [f for f, (_, _, started) in pending.items() if not f.done() and now - started >= timeout]
+
+
+class _DaemonThreads(cf.Executor):
+    """One daemon thread per job: nothing waits for a thread that never returns (an abandoned evaluation), not
+    even the interpreter at exit, as it would for a ``ThreadPoolExecutor``'s workers."""
+
+    _numbers = itertools.count(1)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
+        future: cf.Future[Any] = cf.Future()
+
+        def work() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        threading.Thread(target=work, name=f"opro-eval-{next(self._numbers)}", daemon=True).start()
+        return future
 
 
 class Evaluator:
@@ -112,16 +174,21 @@ class Evaluator:
     Args:
         num_threads: Worker threads when no executor is given.
         executor: Any ``concurrent.futures.Executor``; jobs are pickled if it runs them in other processes.
+        timeout: Seconds after which an evaluation handed to a worker is abandoned (None: no limit).
     """
 
     # The context a job runs in, given its split and candidate id (the run's spans set it); None: a plain copy of
     # the caller's. Only for the evaluator's own threads: an executor's jobs may leave the process.
     job_context: Callable[[str, int], contextvars.Context] | None = None
 
-    def __init__(self, *, num_threads: int = 1, executor: cf.Executor | None = None):
+    def __init__(self, *, num_threads: int = 1, executor: cf.Executor | None = None, timeout: float | None = None):
         self.num_threads = max(1, num_threads)
+        self.timeout = timeout
         self._external = executor
-        self._pool: cf.ThreadPoolExecutor | None = None
+        self._pool: cf.Executor | None = None
+        self._unconsumed: set[cf.Future[ExampleResult]] = set()  # submitted, neither consumed nor abandoned
+        self._lock = threading.Lock()
+        self.abandoned = 0
 
     @property
     def max_in_flight(self) -> int:
@@ -130,15 +197,41 @@ class Evaluator:
         return self.num_threads if self._external is None else max(self.num_threads, 8) * 2
 
     def submit(self, job: ExampleJob) -> cf.Future[ExampleResult]:
+        future = self._submit(job)
+        with self._lock:
+            self._unconsumed.add(future)
+        return future
+
+    def _submit(self, job: ExampleJob) -> cf.Future[ExampleResult]:
         if self._external is not None:
             return self._external.submit(run_example, job)
         if self._pool is None:
-            self._pool = cf.ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="opro-eval")
+            self._pool = _DaemonThreads()
         # The worker adopts the caller's DSPy settings and active call id, so callbacks and tracing nest the
         # evaluation under the compile that started it, as DSPy's own parallel executor does; and it runs in a copy
         # of the caller's contextvars context, so the user's context values and spans contain the program run.
         return self._pool.submit(caller_context(self.job_context, job).run, run_in_context, current_context(),
                                  run_example, job)
+
+    def consume(self, future: cf.Future[ExampleResult]) -> ExampleResult:
+        """The result of a finished evaluation, handed over once (it raises what the worker raised)."""
+        with self._lock:
+            self._unconsumed.discard(future)
+        return future.result()
+
+    def abandon(self, future: cf.Future[ExampleResult]) -> None:
+        """Give up on an overdue evaluation: its result, whenever it comes, is never read."""
+        future.cancel()
+        with self._lock:
+            self._unconsumed.discard(future)
+            self.abandoned += 1
+
+    def take_finished(self) -> list[ExampleResult]:
+        """The evaluations that finished but were never consumed (a run stopped by Ctrl-C or an error), once."""
+        with self._lock:
+            finished = [f for f in self._unconsumed if f.done() and not f.cancelled() and f.exception() is None]
+            self._unconsumed.clear()
+        return [future.result() for future in finished]
 
     def run(self, jobs: Iterable[ExampleJob], budget: Budget) -> Batch:
         """The results of ``jobs``, run in order until done or the budget is spent (then ``stop_reason`` says why).
@@ -149,9 +242,12 @@ class Evaluator:
         return Batch(self, jobs, budget)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        """Start nothing more; wait for nothing (a hung evaluation must not keep the run, or Ctrl-C, waiting)."""
+        with self._lock:
+            for future in self._unconsumed:
+                future.cancel()
+            self._unconsumed.clear()
+        self._pool = None
 
 
 def caller_context(job_context: Callable[[str, int], contextvars.Context] | None,

@@ -14,13 +14,18 @@ other threads by the program itself:
   by its tokens from the LiteLLM price map DSPy ships (without importing LiteLLM); a model without a price counts in
   ``unpriced_calls`` and its cost is reported as unknown;
 * only a program that fans out to threads of its own gets a DSPy callback, which tells a failed program's LM calls
-  still in flight (see :class:`UsageCapture`).
+  still in flight (see :class:`UsageCapture`);
+* a 200 reply whose body is not UTF-8 reaches DSPy as a server error, but the bytes travel in the exception's
+  ``UnicodeDecodeError``: :meth:`UsageCapture.count_unreadable_reply` reads the ``usage`` object from them, so
+  its tokens count. A body cut short before its ``usage`` (a malformed reply) shows the client no usage, and
+  LiteLLM's own retries inside one LM call are not seen either: neither is counted.
 
 :func:`roll_up` adds a run's usage to the caller's ``dspy.track_usage()`` tracker.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -210,6 +215,15 @@ class UsageCapture:
         return dspy.context(usage_tracker=self._tracker, callbacks=self._callbacks, caller_modules=callers,
                             **overrides)
 
+    def count_unreadable_reply(self, exc: BaseException, model: str | None) -> bool:
+        """Count the usage a failed LM call's reply carried when the client read its bytes but could not decode
+        them (a 200 reply that is not UTF-8); whether there was one."""
+        usage = unreadable_reply_usage(exc)
+        if usage is None or not model:
+            return False
+        self._tracker.add_usage(model, usage)
+        return True
+
     def result(self, *, settle: float = 0.0) -> dict[str, ModelUsage]:
         """The usage captured so far, per model.
 
@@ -260,6 +274,25 @@ class UsageCapture:
         return usage
 
 
+def unreadable_reply_usage(exc: BaseException) -> dict[str, Any] | None:
+    """The ``usage`` object of a reply whose body could not be decoded as UTF-8, from the bytes the
+    ``UnicodeDecodeError`` in ``exc``'s chain holds; None when there is none."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        raw = getattr(current, "object", None) if isinstance(current, UnicodeDecodeError) else None
+        if isinstance(raw, (bytes, bytearray)):
+            try:
+                body = json.loads(bytes(raw).decode("utf-8", errors="replace"))
+            except ValueError:
+                return None
+            usage = body.get("usage") if isinstance(body, dict) else None
+            return dict(usage) if isinstance(usage, dict) else None
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def roll_up(tracker: UsageTracker | None, per_model: dict[str, ModelUsage]) -> None:
     """Add usage to a caller's ``dspy.track_usage()`` tracker (one entry per model), if there is one."""
     if tracker is None:
@@ -274,4 +307,4 @@ def roll_up(tracker: UsageTracker | None, per_model: dict[str, ModelUsage]) -> N
         tracker.add_usage(model, entry)
 
 
-__all__ = ["LMCallCounter", "UsageCapture", "roll_up", "token_prices"]
+__all__ = ["LMCallCounter", "UsageCapture", "roll_up", "token_prices", "unreadable_reply_usage"]
