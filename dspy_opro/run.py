@@ -266,7 +266,8 @@ class OPRORun:
         for step in sorted({c.step for c in pending}):  # each step's candidates against that step's baseline
             if self.state.status == "stopped":
                 break
-            self._score([c for c in pending if c.step == step], "train", baseline=self._baseline(steps[step]))
+            self._score([c for c in pending if c.step == step], "train", baseline=self._baseline(steps[step]),
+                        decided=self._decided_of(step))
 
     def _run_step(self, step: int) -> None:
         state, config = self.state, self.config
@@ -300,7 +301,7 @@ class OPRORun:
         logger.info("Step %d: %d replies, %d new, %d duplicates, %d skipped, %d failed calls", step, len(fates),
                     fates.count("new"), fates.count("duplicate"),
                     len(fates) - fates.count("new") - fates.count("duplicate"), record.failed_calls)
-        self._score(new, "train", baseline=self._baseline(record))
+        self._score(new, "train", baseline=self._baseline(record), decided=self._decided_of(step))
         best = state.best()
         record.best_score = best.score if best is not None else None
         record.complete = state.status != "stopped"
@@ -308,6 +309,11 @@ class OPRORun:
         self.recorder.write_step_report(state, step)
         if best is not None:
             logger.info("Step %d: best training score so far %.1f", step, 100 * (best.score or 0.0))
+
+    def _decided_of(self, step: int) -> list[Candidate]:
+        """A step's candidates already scored or raced out (a resumed race replays them)."""
+        return [c for c in self.state.candidates if c.step == step and c.status in
+                (CandidateStatus.SCORED, CandidateStatus.RACED_OUT)]
 
     def _baseline(self, record: Step) -> Candidate | None:
         """The candidate a step's new candidates are scored against (racing), fixed when the step began."""
@@ -353,7 +359,8 @@ class OPRORun:
     # ------------------------------------------------------------------------------------------------------------
     # Scoring and recording what it returns
 
-    def _score(self, candidates: list[Candidate], split: Split, *, baseline: Candidate | None = None) -> None:
+    def _score(self, candidates: list[Candidate], split: Split, *, baseline: Candidate | None = None,
+               decided: Sequence[Candidate] = ()) -> None:
         """One scoring phase: every event the scorer returns is recorded as it arrives."""
         self._show_best()
         n = len(self.data.examples(split))
@@ -364,7 +371,7 @@ class OPRORun:
         self.progress.start_phase(phase_name(candidates, split, label_free=self.anchored is not None),
                                   evaluations_due(candidates, split, n_examples=n,
                                                   remaining_budget=self.budget.remaining_calls()))
-        phase = self.scorer.score(candidates, split, baseline=baseline)
+        phase = self.scorer.score(candidates, split, baseline=baseline, decided=decided)
         try:
             for event in phase:
                 self._record(event)
