@@ -10,13 +10,14 @@ computed from the simulator's answer key (:func:`dspy_opro.testing.answers_corre
 Racing changes the meta-prompts (a raced-out candidate shows its partial mean), so after the first stop the
 trajectories may diverge and the returned instructions differ.
 
-    python benchmarks/racing_runs.py                           # 5 seeds, n = 50, 100, 200, 5 steps x 8
+    python benchmarks/racing_runs.py --jobs 3                  # 5 seeds, n = 50, 100, 200, 5 steps x 8
     python benchmarks/racing_runs.py --seeds 2 --n 50 --steps 2 --no-write
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import contextlib
 import datetime
 import logging
@@ -117,6 +118,24 @@ def render_n(n: int, rows: list[tuple[int, dict[str, Outcome]]]) -> list[str]:
     return lines
 
 
+def run_cell(*, n: int, seed: int, args: argparse.Namespace) -> dict[str, Outcome]:
+    """One training-set size and seed: the three modes, one after the other."""
+    logging.getLogger("dspy_opro").setLevel(logging.WARNING)
+    return {mode: compile_once(seed=seed, n=n, steps=args.steps, candidates=args.candidates, threads=args.threads,
+                               mode=mode, alpha=args.alpha) for mode in MODES}
+
+
+def render(sizes: list[int], seeds: int, done: dict[tuple[int, int], dict[str, Outcome]]) -> list[str]:
+    """Every size with at least one finished seed (a size still running says how many of its seeds are in)."""
+    lines: list[str] = []
+    for n in sizes:
+        rows = [(seed, done[(n, seed)]) for seed in range(seeds) if (n, seed) in done]
+        if rows:
+            lines += render_n(n, rows) if len(rows) == seeds else render_n(n, rows) + [
+                f"(partial: {len(rows)} of {seeds} seeds)", ""]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--seeds", type=int, default=5)
@@ -125,14 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidates", type=int, default=8)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--alpha", type=float, default=0.05)
+    parser.add_argument("--jobs", type=int, default=1, help="(n, seed) cells compiled in parallel processes")
     parser.add_argument("--no-write", action="store_true", help=f"do not write {RESULTS.name}")
     args = parser.parse_args(argv)
     logging.getLogger("dspy_opro").setLevel(logging.WARNING)
-    lines = [
+    header = [
         "# Racing against full evaluation (real compiles, simulated task)",
         "",
         f"`python benchmarks/racing_runs.py --seeds {args.seeds} --n {args.n} --steps {args.steps} "
-        f"--candidates {args.candidates} --threads {args.threads} --alpha {args.alpha}`, one run, "
+        f"--candidates {args.candidates} --threads {args.threads} --alpha {args.alpha} --jobs {args.jobs}`, one run, "
         f"{datetime.date.today().isoformat()}, Python {platform.python_version()}, {platform.machine()}.",
         "",
         "Per seed and n: the same training set (`simulated_dataset(n, seed)`), endpoint seed and run seed, compiled "
@@ -141,17 +161,20 @@ def main(argv: list[str] | None = None) -> int:
         "answer key, in percent.",
         "",
     ]
-    for n in [int(v) for v in args.n.split(",")]:
-        rows = []
-        for seed in range(args.seeds):
-            outcomes = {mode: compile_once(seed=seed, n=n, steps=args.steps, candidates=args.candidates,
-                                           threads=args.threads, mode=mode, alpha=args.alpha) for mode in MODES}
-            rows.append((seed, outcomes))
+    sizes = [int(v) for v in args.n.split(",")]
+    cells = [(n, seed) for n in sizes for seed in range(args.seeds)]
+    done: dict[tuple[int, int], dict[str, Outcome]] = {}
+    # Each cell (n, seed) compiles full, old and new in one process; --jobs cells run side by side.
+    with cf.ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {pool.submit(run_cell, n=n, seed=seed, args=args): (n, seed) for n, seed in cells}
+        for future in cf.as_completed(futures):
+            n, seed = futures[future]
+            done[(n, seed)] = outcomes = future.result()
             print(f"n {n} seed {seed}: " + ", ".join(
                 f"{m} {o.metric_calls} calls ({100 * o.answer_key_score:.1f})" for m, o in outcomes.items()),
                 file=sys.stderr, flush=True)
-        lines += render_n(n, rows)
-        write(lines, args)  # after each n, so that a bounded run keeps what it measured
+            write(header + render(sizes, args.seeds, done), args)  # what is measured so far is kept
+    lines = header + render(sizes, args.seeds, done)
     print("\n".join(lines))
     return 0
 
