@@ -349,7 +349,8 @@ class OPRORun:
         for step in sorted({c.step for c in pending}):  # each step's candidates against that step's baseline
             if self.state.status == "stopped":
                 break
-            self._score([c for c in pending if c.step == step], "train", baseline=self._baseline(steps[step]))
+            self._score([c for c in pending if c.step == step], "train", baseline=self._baseline(steps[step]),
+                        decided=self._decided_of(step))
         self._warn_unscored(pending, "Scoring again")
 
     def _run_step(self, step: int) -> None:
@@ -397,7 +398,7 @@ class OPRORun:
                     "calls", step, len(fates), scored, fates.count("unclosed"), fates.count("duplicate"),
                     len(fates) - scored - fates.count("duplicate"), record.failed_calls)
         with self._phase(f"step {step} scoring"):
-            self._score(new, "train", baseline=self._baseline(record))
+            self._score(new, "train", baseline=self._baseline(record), decided=self._decided_of(step))
         self._warn_unscored(new, f"Step {step}")
         if asked_now and record.skipped_calls and record.skip_reason:
             self._stop(f"{record.skip_reason}: step {step} asked for {config.candidates - record.skipped_calls} "
@@ -441,6 +442,11 @@ class OPRORun:
             f"({calls} failed after a retry); last error: {errors[-1] if errors else 'none recorded'}. Nothing was "
             "learned, so the start is not returned as a result. Fix the optimizer model's provider and compile again "
             "with the same log_dir: what was scored is kept.")
+
+    def _decided_of(self, step: int) -> list[Candidate]:
+        """A step's candidates already scored or raced out (a resumed race replays them)."""
+        return [c for c in self.state.candidates if c.step == step and c.status in
+                (CandidateStatus.SCORED, CandidateStatus.RACED_OUT)]
 
     def _baseline(self, record: Step) -> Candidate | None:
         """The candidate a step's new candidates are scored against (racing), fixed when the step began."""
@@ -487,7 +493,8 @@ class OPRORun:
     # ------------------------------------------------------------------------------------------------------------
     # Scoring and recording what it returns
 
-    def _score(self, candidates: list[Candidate], split: Split, *, baseline: Candidate | None = None) -> None:
+    def _score(self, candidates: list[Candidate], split: Split, *, baseline: Candidate | None = None,
+               decided: Sequence[Candidate] = ()) -> None:
         """One scoring phase: every event the scorer returns is recorded as it arrives."""
         self._show_best()
         n = len(self.data.examples(split))
@@ -499,7 +506,7 @@ class OPRORun:
                                   evaluations_due(candidates, split, n_examples=n,
                                                   remaining_budget=self.budget.remaining_calls()))
         self.spans.start(candidates, split)
-        phase = self.scorer.score(candidates, split, baseline=baseline)
+        phase = self.scorer.score(candidates, split, baseline=baseline, decided=decided)
         try:
             for event in phase:
                 self._record(event)

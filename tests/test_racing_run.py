@@ -20,7 +20,7 @@ import dspy
 import pytest
 
 from dspy_opro import OPROTeleprompter, Racing
-from dspy_opro.extensions.racing import RacingSchedule, example_order
+from dspy_opro.extensions.racing_stats import RacingSchedule, example_order, threshold_table
 from dspy_opro.proposing.step_inputs import predictor_history
 from dspy_opro.record.files import load_state
 from dspy_opro.record.report import render_run_report, render_step_report
@@ -49,46 +49,49 @@ def toy_run(replies: list[str], *, num_steps: int = 2, **options):
     return compiled, task_engine
 
 
-def expected_stop(worse_skill: int, best_skill: int) -> tuple[int, int]:
-    """(examples run, right answers among them) of a toy candidate raced out against a toy best, by hand: walk the
-    shared order look by look and stop at the first look whose -1 count reaches the test's critical value."""
-    from dspy_opro.extensions.racing import SequentialSignTest
-
-    order = example_order(N, seed=0)
-    looks = RacingSchedule.build(N).looks
-    test = SequentialSignTest(alpha=0.05, looks=looks)
-    for k in looks:
-        worse = sum(worse_skill <= i < best_skill for i in order[:k])
-        if test.look(examples=k, worse=worse, better=0).stop:
-            return k, sum(i < worse_skill for i in order[:k])
-    raise AssertionError("never stops")
+def right_in_first(skill: int, k: int) -> int:
+    """Right answers of a toy instruction with ``skill`` times "better" among the first ``k`` examples of the order."""
+    return sum(i < skill for i in example_order(N, seed=0)[:k])
 
 
 def test_a_clearly_worse_candidate_stops_and_the_rest_run_in_full():
     compiled, task_engine = toy_run(STEP0 + STEP1 + [better(95, "More.")] * 3, num_steps=3)
     run = compiled.opro_run
     by_text = {c.instruction: c for c in run.candidates}
+    first = by_text[better(80)]
     worse, equal, best = by_text[better(10)], by_text[better(80, "Answer, exactly.")], by_text[better(90)]
-    k, right = expected_stop(10, 80)
-    assert (k, right) == (20, 2)
-    assert worse.status == "raced_out" and worse.reason == "raced out after 20 of 100"
-    assert worse.score == pytest.approx(0.1) and sum(s is not None for s in worse.scores) == 20
-    assert worse.race.against == by_text[better(80)].id and worse.race.stopped_at == 20
-    assert [look.stop for look in worse.race.looks] == [False, True]
-    assert worse.race.looks[-1].worse >= worse.race.looks[-1].critical
-    # Never stopped: the equal and the better candidate, and every step-0 candidate (they race the start, skill 0).
-    assert equal.status == best.status == "scored" and equal.race.stopped_at is None
-    assert {c.status for c in run.candidates if c.step == 0} == {"scored"}
-    # Requests at the task engine: start 100, step 0 3 x 100, step 1 20 + 2 x 100, step 2 one new candidate x 100.
-    assert len(task_engine.requests) == run.metric_calls == 100 + 300 + 220 + 100
-    assert [s.race_against for s in run.steps] == [0, by_text[better(80)].id, best.id]
+    looks = RacingSchedule.build(N).looks
+    table = threshold_table(N, looks, 0.05, 0.5)
+    # Step 0 races the start (0 right: no bar). After the third look (15 examples) the candidate with the most right
+    # answers, "Answer." x 80, leads and runs in full; from the fourth look (20) its 80 is the bar, and the 30 and
+    # the 50 are below it there.
+    assert max(range(3), key=lambda i: right_in_first([80, 30, 50][i], 15)) == 0
+    assert all(right_in_first(skill, 20) <= table[80][3] for skill in (30, 50))
+    assert first.status == "scored" and first.race.looks[-1].examples == 15
+    for text in (better(30, "Think."), better(50, "Go.")):
+        candidate = by_text[text]
+        assert candidate.status == "raced_out" and candidate.reason == "raced out after 20 of 100"
+        assert candidate.race.stopped_by == first.id and candidate.race.looks[-1].against == first.id
+    # Step 1 races the 80: the 10 is below it at the first look (1 right of the first 5, at most table[80][0] = 1).
+    assert (right_in_first(10, 5), table[80][0]) == (1, 1)
+    assert worse.status == "raced_out" and worse.reason == "raced out after 5 of 100"
+    assert worse.score == pytest.approx(0.2) and sum(s is not None for s in worse.scores) == 5
+    assert worse.race.against == first.id and worse.race.stopped_by == first.id and worse.race.stopped_at == 5
+    assert [look.stop for look in worse.race.looks] == [True]
+    # The 90 leads after 15 examples; the 80 that equals the incumbent is below the leader's 90 at 20.
+    assert best.status == "scored" and best.race.stopped_at is None
+    assert right_in_first(80, 20) <= table[90][3]
+    assert equal.status == "raced_out" and equal.race.stopped_by == best.id and equal.race.stopped_at == 20
+    # Requests at the task engine: start 100; step 0 100 + 20 + 20; step 1 5 + 20 + 100; step 2 one new x 100.
+    assert len(task_engine.requests) == run.metric_calls == 100 + 140 + 125 + 100
+    assert [s.race_against for s in run.steps] == [0, first.id, best.id]
     # The raced-out candidate is in later meta-prompts with its partial mean, never returned.
-    assert (better(10), 0.1, 1) in predictor_history(run, "self")
-    assert f"text:\n{better(10)}\nscore:\n10" in run.steps[2].meta_prompt
+    assert (better(10), 0.2, 1) in predictor_history(run, "self")
+    assert f"text:\n{better(10)}\nscore:\n20" in run.steps[2].meta_prompt
     assert compiled.signature.instructions == better(95, "More.")
     assert all(c["instructions"]["self"] != better(10) for c in compiled.candidate_programs)
-    assert "| 10.0 (raced out after 20 of 100) |" in render_step_report(run, 1)
-    assert "Candidates: 8 (scored 7, raced_out 1)" in render_run_report(run)
+    assert "| 20.0 (raced out after 5 of 100) |" in render_step_report(run, 1)
+    assert "Candidates: 8 (scored 4, raced_out 4)" in render_run_report(run)
 
 
 def test_a_raced_out_candidate_is_never_best_even_with_a_higher_partial_mean():
@@ -234,6 +237,6 @@ def test_an_lm_failure_in_a_block_leaves_the_racing_candidate_unscored_after_tha
     run = teleprompter.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(N)).opro_run
     flaky = run.candidates[2]
     assert flaky.status == "unscored" and flaky.reason.startswith("LM failures on 1 examples")
-    assert calls[better(85, "Flaky.")] == 10 + 1  # the first block, the failing example tried once more, no more
-    assert sum(s is not None for s in flaky.scores) == 9
+    assert calls[better(85, "Flaky.")] == 5 + 1  # the first block, the failing example tried once more, no more
+    assert sum(s is not None for s in flaky.scores) == 4
     assert run.best().instruction == better(80)

@@ -2,7 +2,7 @@
 
 * **Racing** (``racing=True`` or ``racing=Racing(alpha=...)``): a *scoring policy*
   (:class:`dspy_opro.scoring.scorer.ScoringPolicy`) that scores a step's new candidates block by block and stops
-  the ones a sequential test finds worse than the best (:mod:`dspy_opro.extensions.racing`).
+  the ones an exact sequential test finds below the bar (:mod:`dspy_opro.extensions.racing`).
 * **Hard and diverse exemplars** (``exemplar_selection="hard_diverse"`` or ``HardDiverse(theta=...)``): an
   *exemplar policy* (:class:`dspy_opro.proposing.step_inputs.ExemplarPolicy`) that shows the problems the instructions
   fail, spread out by a determinantal point process (:mod:`dspy_opro.extensions.hard_diverse`).
@@ -28,11 +28,14 @@ from dspy_opro.checks import require_number
 
 @dataclass(frozen=True)
 class Racing:
-    """Racing: stop a step's new candidate once a one-sided sign test says it is worse than the best.
+    """Racing: stop a step's new candidate once an exact sequential test says it is below the bar.
+
+    The bar is the best candidate's training mean at the start of the step, raised by the step's two leaders (run
+    in full first); see :mod:`dspy_opro.extensions.racing`.
 
     Args:
-        alpha: The test's level: the probability of stopping a candidate at least as good as the best is at most
-            this (for i.i.d. examples).
+        alpha: The test's level: the probability of stopping a candidate at least as good as every bar it raced is
+            at most this (for binary scores on any fixed training set, over the seeded order).
     """
 
     alpha: float = 0.05

@@ -1,46 +1,41 @@
-"""Racing: stop scoring a candidate instruction once it is clearly worse than the current best.
+"""Racing: stop scoring a candidate instruction once it is clearly below the bar.
 
 OPRO scores every proposal on the whole training set, although most of a step's proposals score well below the
-best. Racing scores a new candidate block by block, in one seeded order of the training examples shared by all
-candidates, and stops it as soon as a one-sided paired test on the examples scored so far says, at level
-``alpha``, that it is worse than the current best. This module holds the decision logic only, as pure functions
-and a small stateful :class:`Race` per candidate; it makes no LM call and knows nothing of the run loop.
+best. Racing scores a step's new candidates together, block by block, in one seeded order of the training examples
+(:func:`~dspy_opro.extensions.racing_stats.example_order`), and stops a candidate as soon as an exact sequential
+test says that its training mean is below the *bar*: at first the training mean of the best candidate at the
+start of the step (the *incumbent*). This module holds the decision logic only: :class:`StepRace`, the race of one
+step's candidates, and the scoring policy that runs it (:class:`RacingPolicy`); it makes no LM call and knows
+nothing of the run loop. The statistics are in :mod:`dspy_opro.extensions.racing_stats`.
 
-**Order and schedule.** :func:`example_order` is a permutation of ``range(n)`` fixed by the seed, the same for
-every candidate, so every race compares the candidate with the best on the same first examples. A
-:class:`RacingSchedule` lists the *looks*: the numbers of examples after which a decision is taken. The default is
-a first look after ``max(10, ceil(n / 10))`` examples, then one every ``ceil(n / 10)`` examples, and none at ``n``
-(a candidate that reaches ``n`` is fully scored). No decision is ever taken before the first look.
+**Lockstep.** Every candidate still racing runs the examples up to the next look; a look is taken once all of
+them are in, so every decision rests on the same first examples. A candidate the test finds below the bar is
+stopped (``raced_out``) with its partial mean.
 
-**The test.** On example ``i`` let ``D_i = s_cand(i) - s_best(i)`` in ``[-1, 1]`` (scores in ``[0, 1]``). Each
-difference is turned into a sign ``T_i`` in ``{-1, 0, +1}`` with ``E[T_i | D_i] = D_i``: ``T_i = sign(D_i)`` with
-probability ``|D_i|`` and ``0`` otherwise. For binary scores (the common case) ``D_i`` is already in
-``{-1, 0, 1}`` and ``T_i = D_i`` without any randomness; fractional differences use a uniform number drawn once per
-example from ``(seed, stream)``, so the decisions are deterministic. Then ``E[T] = E[D]``, and among the non-zero
-signs the share of ``-1`` is ``q = P(T = -1) / P(T != 0)``, which is at most ``1/2`` exactly when
-``E[s_cand] >= E[s_best]``. The test is an exact *sign test* of ``q <= 1/2`` against ``q > 1/2``, run as a
-group-sequential test over the looks: given the numbers ``m_1 <= m_2 <= ...`` of non-zero signs at the looks, the
-count of ``-1`` signs is a binomial random walk, and :class:`SequentialSignTest` computes by dynamic programming,
-at ``q = 1/2``, the exact probability of crossing each look's critical value without having crossed an earlier
-one. The critical value at look ``j`` is the smallest count whose crossing probability stays within the alpha
-spent so far, ``alpha * k_j / k_last`` (``k_j`` the examples at look ``j``, ``k_last`` those at the last look:
-linear spending). A tie never counts against a candidate, and ties cost no power: they only leave ``m`` smaller.
+**Leaders.** The incumbent is often weak early in a run, when most of a step's proposals beat it. So after the
+third look the candidate with the most right answers so far (ties: the lowest id) runs all its remaining examples
+at once, and after the fourth look the next one: once a leader is fully scored, its training total becomes the
+bar if it is higher, and the others race it from the next look on.
 
-**Guarantee.** If the training examples are independent draws from a distribution under which the candidate's
-expected score is at least the best's (``E[s_cand] >= E[s_best]``, the best's scores taken as given), the
-probability that the race stops the candidate at any of its looks is at most ``alpha``. Proof sketch: given the
-non-zero pattern, the signs are i.i.d. with ``P(-1) = q <= 1/2``; the rejection region is an upper set in the
-counts, so ``q = 1/2`` is the worst case, and there the dynamic programme gives the exact crossing probability,
-which the spending keeps at or below ``alpha``. No normal approximation, no variance estimate, valid for any
-scores in ``[0, 1]`` and any number of ties. On a fixed training set shuffled once (sampling without replacement)
-the same bound is checked by simulation in ``tests/test_racing.py``. The guarantee is per race; over many
-candidates the expected number of wrongly stopped ones is at most ``alpha`` times the number of candidates at
-least as good as the best.
+**The test.** For binary scores (and ``n <= 500``) the threshold test of
+:func:`~dspy_opro.extensions.racing_stats.threshold_table`: an exact test, over the random order, that the
+candidate's training total reaches the bar; fractional scores of a candidate are rounded to 0 or 1 with a seeded
+coin (``P(1) = score``). With an incumbent scored fractionally (label-free OPRO, partial-credit metrics) or a
+larger training set, the paired sign test against the incumbent
+(:class:`~dspy_opro.extensions.racing_stats.SequentialSignTest`), without leaders. Both spend the level as
+``alpha * (k / k_last) ** 0.5``, more of it at the early looks than linear spending would.
+
+**Guarantee.** Threshold test: for any fixed training set, a candidate whose training total is at least every bar
+of its race (the incumbent's and the leaders' it raced) is stopped with probability at most ``alpha`` over the
+order; no i.i.d. assumption. Sign test: if the examples are independent draws under which the candidate's
+expected score is at least the incumbent's, it is stopped with probability at most ``alpha``.
 
 A stopped candidate keeps its partial mean over the examples it ran (``"raced out after k of n"``); only fully
 scored candidates can be returned. Results may arrive in any order (from any number of threads): a race buffers
-them and decides at a look only once every example up to that look is in, so the decisions depend on the scores
-alone, never on the arrival order.
+them and takes a look only once every example up to it is in for every candidate still racing and every leader is
+fully scored, so the decisions depend on the scores alone, never on the arrival order or the thread count. A
+candidate decided in an earlier compile of the same run (``decided``) takes part with its recorded scores and is
+never decided again, so a resumed step takes the decisions an uninterrupted one would have.
 """
 
 from __future__ import annotations
@@ -48,174 +43,33 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
-from dspy_opro.record.state import Candidate, RaceLook, RaceRecord
+from dspy_opro.extensions.racing_stats import (
+    DEFAULT_ALPHA,
+    MAX_THRESHOLD_N,
+    Look,
+    RacingSchedule,
+    SequentialSignTest,
+    binomial_half_pmf,
+    check_alpha,
+    example_order,
+    threshold_table,
+)
+from dspy_opro.record.state import Candidate, CandidateStatus, RaceLook, RaceRecord
 from dspy_opro.scoring.scorer import PlanDecision
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_ALPHA = 0.05
-MIN_FIRST_LOOK = 10
+SPENDING_POWER = 0.5  # the level spent by look j: alpha * (k_j / k_last) ** 0.5
+LEADERS = 2  # leaders per step, run in full early to raise the bar
+LEAD_AFTER = 3  # the first leader is chosen after the third look
 
 Action = Literal["continue", "stop", "complete"]
-
-
-def _check_n(n: int) -> None:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be a positive integer (the number of training examples), got {n!r}")
-
-
-def check_alpha(alpha: float) -> None:
-    """Raise a clear error unless ``alpha`` is a number in ``(0, 1)``.
-
-    Args:
-        alpha: The racing level, the bound on the probability of stopping a candidate at least as good as the best.
-
-    Raises:
-        ValueError: When ``alpha`` is not a number strictly between 0 and 1.
-    """
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or math.isnan(alpha) or not 0.0 < alpha < 1.0:
-        raise ValueError(f"Racing(alpha=...) must be a number in (0, 1), for example 0.05, got {alpha!r}")
-
-
-def example_order(n: int, *, seed: int) -> list[int]:
-    """The seeded order in which every candidate's race visits the training examples.
-
-    Args:
-        n: The number of training examples.
-        seed: The run's seed; the same seed gives the same order.
-
-    Returns:
-        A permutation of ``range(n)``.
-    """
-    _check_n(n)
-    return [int(i) for i in np.random.default_rng([int(seed), 0x0A11CE]).permutation(n)]
-
-
-@dataclass(frozen=True)
-class RacingSchedule:
-    """When a race takes decisions: after ``looks[0]``, ``looks[1]``, ... examples of its order.
-
-    Attributes:
-        n: The number of training examples.
-        looks: Strictly increasing example counts, each in ``[1, n)``; empty when ``n`` is too small to race.
-    """
-
-    n: int
-    looks: tuple[int, ...]
-
-    @classmethod
-    def build(cls, n: int, *, min_examples: int | None = None, block_size: int | None = None) -> RacingSchedule:
-        """The schedule with a first look after ``min_examples`` examples, then one every ``block_size``.
-
-        Args:
-            n: The number of training examples.
-            min_examples: Examples before the first decision; default ``max(10, ceil(n / 10))``.
-            block_size: Examples between two looks; default ``ceil(n / 10)``.
-
-        Returns:
-            The schedule; its looks stop before ``n`` (a race that reaches ``n`` is complete).
-
-        Raises:
-            ValueError: On a non-positive ``n``, ``min_examples`` or ``block_size``.
-        """
-        _check_n(n)
-        block = math.ceil(n / 10) if block_size is None else block_size
-        first = max(MIN_FIRST_LOOK, math.ceil(n / 10)) if min_examples is None else min_examples
-        for name, value in (("min_examples", first), ("block_size", block)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        return cls(n=n, looks=tuple(range(first, n, block)))
-
-
-def binomial_half_pmf(m: int) -> np.ndarray:
-    """The probabilities of ``0..m`` successes in ``m`` fair coin flips."""
-    x = np.arange(m + 1)
-    log_pmf = math.lgamma(m + 1) - np.array([math.lgamma(v + 1) + math.lgamma(m - v + 1) for v in x])
-    return np.exp(log_pmf - m * math.log(2.0))
-
-
-@dataclass(frozen=True)
-class Look:
-    """One decision of a race: the counts at a look and the critical value they were tested against.
-
-    Attributes:
-        examples: Examples scored at this look (``k_j``).
-        worse: Examples whose sign was ``-1`` (the candidate lost to the best).
-        better: Examples whose sign was ``+1``.
-        critical: The count of ``-1`` signs at or above which the candidate is stopped (``None``: none possible).
-        spent: Cumulative alpha spent up to and including this look (exact, at ``q = 1/2``).
-        stop: Whether this look stopped the candidate.
-    """
-
-    examples: int
-    worse: int
-    better: int
-    critical: int | None
-    spent: float
-    stop: bool
-
-
-class SequentialSignTest:
-    """An exact group-sequential one-sided sign test with linear alpha spending over planned looks.
-
-    Feed it the looks in order with :meth:`look`; it returns whether to stop. The critical values depend only on
-    the numbers of non-zero signs seen, never on their direction, which keeps the level exact.
-
-    Args:
-        alpha: The overall level in ``(0, 1)``.
-        looks: The planned example counts (from :class:`RacingSchedule`).
-    """
-
-    def __init__(self, *, alpha: float, looks: Sequence[int]) -> None:
-        check_alpha(alpha)
-        self.alpha = float(alpha)
-        self.looks = tuple(looks)
-        self._mass = np.ones(1)  # P(count of -1 signs = x and not stopped yet), at q = 1/2
-        self._nonzero = 0
-        self._spent = 0.0
-        self._index = 0
-
-    def look(self, *, examples: int, worse: int, better: int) -> Look:
-        """Take the next planned look.
-
-        Args:
-            examples: The example count of this look; must be the next planned one.
-            worse: The cumulative number of ``-1`` signs.
-            better: The cumulative number of ``+1`` signs.
-
-        Returns:
-            The look, with ``stop`` True when the candidate is significantly worse.
-
-        Raises:
-            ValueError: On a look out of the planned order or counts that shrink.
-        """
-        if self._index >= len(self.looks) or examples != self.looks[self._index]:
-            raise ValueError(f"look at {examples} examples is not the next planned look of {self.looks}")
-        nonzero = worse + better
-        if nonzero < self._nonzero or worse < 0 or better < 0 or nonzero > examples:
-            raise ValueError(f"counts worse={worse}, better={better} at {examples} examples are not cumulative")
-        step = binomial_half_pmf(nonzero - self._nonzero)
-        self._mass = np.convolve(self._mass, step)
-        self._nonzero = nonzero
-        budget = self.alpha * examples / self.looks[-1] - self._spent
-        # tails[c] = P(count >= c); the smallest c whose tail fits the budget is the critical value.
-        tails = np.cumsum(self._mass[::-1])[::-1]
-        fitting = np.flatnonzero(tails <= budget)
-        critical = int(fitting[0]) if fitting.size else None
-        if critical is not None and critical == 0:
-            critical = None  # only reachable when no mass is left; a count of 0 never stops a candidate
-        if critical is not None:
-            self._spent += float(tails[critical])
-            self._mass[critical:] = 0.0
-        self._index += 1
-        stop = critical is not None and worse >= critical
-        return Look(examples=examples, worse=worse, better=better, critical=critical, spent=self._spent, stop=stop)
 
 
 @dataclass(frozen=True)
@@ -227,12 +81,14 @@ class Decision:
         examples: Examples the decision rests on (the first ``examples`` of the order).
         n: The number of training examples.
         mean: The candidate's mean over those examples (its partial mean when stopped); ``None`` before any look.
+        stopped_by: The id of the instruction it lost to, when stopped.
     """
 
     action: Action
     examples: int
     n: int
     mean: float | None
+    stopped_by: int | None = None
 
     @property
     def reason(self) -> str | None:
@@ -249,105 +105,317 @@ def _check_score(value: float, what: str) -> float:
     return value
 
 
-class Race:
-    """One candidate's race against the current best, fed results in any order.
+class _SignPair:
+    """A candidate's paired sign test against the incumbent, counted from the candidate's side."""
+
+    def __init__(self, *, test: SequentialSignTest, coins: np.ndarray) -> None:
+        self.test, self.coins = test, coins
+        self.counted = 0
+        self.worse = 0
+        self.better = 0
+
+    def count(self, order: Sequence[int], upto: int, scores: Mapping[int, float], best: Sequence[float]) -> None:
+        for example in order[self.counted : upto]:
+            diff = scores[example] - best[example]
+            if diff != 0.0 and self.coins[example] < abs(diff):
+                if diff < 0.0:
+                    self.worse += 1
+                else:
+                    self.better += 1
+        self.counted = upto
+
+
+@dataclass
+class _Entrant:
+    scores: dict[int, float]
+    coins: np.ndarray
+    frozen_stop: int | None = None  # decided earlier: where it stopped (n: ran in full); None: racing now
+    prefix: int = 0
+    stopped_at: int | None = None
+    stopped_by: int | None = None
+    withdrawn: bool = False
+    leader: bool = False
+    sign: _SignPair | None = None
+    looks: list[Look] = dataclasses.field(default_factory=list)
+
+    def right(self, order: Sequence[int], upto: int) -> int:
+        """Right answers among the first ``upto`` examples, fractional scores rounded with the seeded coins."""
+        return sum(self.coins[e] < self.scores[e] for e in order[:upto])
+
+
+def _is_binary(values: Sequence[float]) -> bool:
+    return all(v in (0.0, 1.0) for v in values)
+
+
+class StepRace:
+    """The race of one step's candidates: stopped when clearly below the bar, the leaders run in full.
 
     Args:
-        best_scores: The current best's score on every training example (indexed by example), each in ``[0, 1]``.
+        incumbent: The incumbent's score on every training example (indexed by example), each in ``[0, 1]``.
+        entrants: The ids of the step's candidates that race now.
         order: The shared example order (:func:`example_order`).
         schedule: The looks (:class:`RacingSchedule`) for ``len(order)`` examples.
-        alpha: The level of the test.
-        seed: The run's seed, for the rounding of fractional differences.
-        stream: A number distinguishing this candidate (for example its id), for the same purpose.
+        alpha: The level: the bound on the probability of stopping a candidate at least as good as every bar.
+        seed: The run's seed, for the rounding of fractional scores.
+        incumbent_id: The incumbent's id (kept on the looks).
+        test: ``"threshold"``, ``"sign"``, or ``"auto"``: the threshold test when the incumbent's scores are all
+            0 or 1 and ``n <= MAX_THRESHOLD_N``, else the sign test.
+        leaders: How many leaders run in full early to raise the bar (threshold test only).
+        lead_after: The look (counted from 1) after which the first leader is chosen; the next ones after the
+            following looks.
+        power: The spending exponent of the tests (1: linear).
+        decided: Candidates of the same step decided earlier, by id: their recorded scores (``None`` where not run)
+            and the examples they raced to (where they stopped, or ``n``).
     """
 
     def __init__(
         self,
         *,
-        best_scores: Sequence[float],
+        incumbent: Sequence[float],
+        entrants: Sequence[int],
         order: Sequence[int],
         schedule: RacingSchedule,
         alpha: float = DEFAULT_ALPHA,
         seed: int = 0,
-        stream: int = 0,
+        incumbent_id: int = -1,
+        test: Literal["auto", "threshold", "sign"] = "auto",
+        leaders: int = LEADERS,
+        lead_after: int = LEAD_AFTER,
+        power: float = SPENDING_POWER,
+        decided: Mapping[int, tuple[Sequence[float | None], int]] | None = None,
     ) -> None:
+        check_alpha(alpha)
         n = len(order)
-        if schedule.n != n or len(best_scores) != n or sorted(order) != list(range(n)):
+        if schedule.n != n or len(incumbent) != n or sorted(order) != list(range(n)):
             raise ValueError(
-                f"order ({n} examples), schedule (n={schedule.n}) and best_scores ({len(best_scores)}) must cover "
+                f"order ({n} examples), schedule (n={schedule.n}) and incumbent scores ({len(incumbent)}) must cover "
                 "the same training set; build them from the same n"
             )
-        self._best = [_check_score(v, f"best score of example {i}") for i, v in enumerate(best_scores)]
+        decided = dict(decided or {})
+        if len(set(entrants)) != len(entrants) or set(entrants) & set(decided) or incumbent_id in entrants:
+            raise ValueError(f"candidate ids must be distinct: entrants {list(entrants)}, decided {sorted(decided)}, "
+                             f"incumbent {incumbent_id}")
+        self._incumbent = [_check_score(v, f"incumbent score of example {i}") for i, v in enumerate(incumbent)]
+        if test == "auto":
+            test = "threshold" if _is_binary(self._incumbent) and n <= MAX_THRESHOLD_N else "sign"
+        self.test: Literal["threshold", "sign"] = "threshold" if test == "threshold" else "sign"
         self._order = list(order)
         self._position = {example: p for p, example in enumerate(self._order)}
-        self._test = SequentialSignTest(alpha=alpha, looks=schedule.looks)
         self._looks = schedule.looks
-        self._coins = np.random.default_rng([int(seed), int(stream), 0x5160]).random(n)
-        self._scores: dict[int, float] = {}
-        self._prefix = 0  # examples of the order scored without a gap from the start
-        self._worse = 0
-        self._better = 0
-        self._total = 0.0
-        self.looks: list[Look] = []
-        self.decision = Decision(action="continue", examples=0, n=n, mean=None)
+        self._alpha, self._power = float(alpha), float(power)
+        self._lead_at = set(range(lead_after - 1, lead_after - 1 + leaders)) if self.test == "threshold" else set()
+        self._bar = math.ceil(sum(self._incumbent) - 1e-9)
+        self._bar_id = incumbent_id
+        self._bars_applied: set[int] = set()
+
+        def coins(cid: int) -> np.ndarray:
+            return np.random.default_rng([int(seed), int(cid), 0x5160]).random(n)
+
+        self._entrants: dict[int, _Entrant] = {}
+        for cid in entrants:
+            entrant = _Entrant(scores={}, coins=coins(cid))
+            if self.test == "sign":
+                entrant.sign = _SignPair(test=SequentialSignTest(alpha=alpha, looks=self._looks, power=power),
+                                         coins=entrant.coins)
+            self._entrants[cid] = entrant
+        for cid, (scores, raced_to) in sorted(decided.items()):
+            known = {i: _check_score(v, f"score of example {i}") for i, v in enumerate(scores) if v is not None}
+            if len(scores) != n or any(e not in known for e in self._order[:raced_to]):
+                raise ValueError(f"decided candidate {cid} has no score on some of the {raced_to} examples it raced")
+            self._entrants[cid] = _Entrant(scores=known, coins=coins(cid), frozen_stop=raced_to, prefix=n)
+        self._next_look = 0  # index into the looks
+        self._asked: dict[int, list[int]] = {}
+        self._advance()
 
     @property
     def n(self) -> int:
         """The number of training examples."""
         return len(self._order)
 
+    @property
+    def bar(self) -> tuple[int, int]:
+        """The current bar: the training total a candidate must reach, and the id of the candidate it comes from."""
+        return self._bar, self._bar_id
+
+    def _racing(self, cid: int) -> bool:
+        """Still taking looks: neither stopped, withdrawn nor a leader (a decided one only up to its stop)."""
+        entrant = self._entrants[cid]
+        if entrant.stopped_at is not None or entrant.withdrawn or entrant.leader:
+            return False
+        return entrant.frozen_stop is None or self._upto() <= entrant.frozen_stop
+
+    def _upto(self) -> int:
+        return self._looks[self._next_look] if self._next_look < len(self._looks) else self.n
+
+    def needed(self, cid: int) -> list[int]:
+        """The examples candidate ``cid`` runs next: up to the next look (a leader, and everyone after the last
+        look: all the rest)."""
+        entrant = self._entrants[cid]
+        if entrant.frozen_stop is not None or entrant.withdrawn or entrant.stopped_at is not None:
+            return []
+        upto = self.n if entrant.leader else self._upto()
+        return [e for e in self._order[:upto] if e not in entrant.scores]
+
+    def next_round(self) -> dict[int, list[int]]:
+        """Every racing candidate's next examples; a candidate asked for examples it never got is withdrawn (the
+        scorer left it: LM failures or a budget) and no longer holds the others back."""
+        for cid, asked in self._asked.items():
+            entrant = self._entrants[cid]
+            if entrant.stopped_at is None and any(e not in entrant.scores for e in asked):
+                entrant.withdrawn = True
+                logger.debug("Candidate %d left the race unscored after %d examples", cid, entrant.prefix)
+        self._advance()
+        self._asked = {cid: needed for cid in self._entrants if (needed := self.needed(cid))}
+        return dict(self._asked)
+
+    def record(self, cid: int, example: int, score: float) -> None:
+        """Buffer one result of a racing candidate and take every look it completes.
+
+        Raises:
+            ValueError: On an unknown candidate or example, a repeated example, or a score outside ``[0, 1]``.
+        """
+        entrant = self._entrants.get(cid)
+        if entrant is None or entrant.frozen_stop is not None:
+            raise ValueError(f"candidate {cid} is not racing in this step")
+        if example not in self._position:
+            raise ValueError(f"example {example!r} is not one of the {self.n} training examples")
+        if example in entrant.scores:
+            raise ValueError(f"example {example} was recorded twice")
+        entrant.scores[example] = _check_score(score, f"score of example {example}")
+        self._advance()
+
+    def _advance(self) -> None:
+        for entrant in self._entrants.values():
+            while entrant.prefix < self.n and self._order[entrant.prefix] in entrant.scores:
+                entrant.prefix += 1
+        while self._next_look < len(self._looks):
+            k = self._looks[self._next_look]
+            racing = [cid for cid in sorted(self._entrants) if self._racing(cid)]
+            if any(self._entrants[cid].prefix < k for cid in racing):
+                return
+            leaders = [cid for cid, e in self._entrants.items() if e.leader and not e.withdrawn]
+            if any(self._entrants[cid].prefix < self.n for cid in leaders):
+                return  # a leader's full score may raise the bar before this look
+            self._raise_bar(leaders)
+            self._take_look(self._next_look, k, racing)
+            self._next_look += 1
+
+    def _raise_bar(self, leaders: list[int]) -> None:
+        for cid in sorted(leaders):
+            if cid in self._bars_applied:
+                continue
+            self._bars_applied.add(cid)
+            total = math.ceil(sum(self._entrants[cid].scores.values()) - 1e-9)
+            if total > self._bar:
+                self._bar, self._bar_id = total, cid
+
+    def _take_look(self, index: int, k: int, racing: list[int]) -> None:
+        table = threshold_table(self.n, self._looks, self._alpha, self._power) if self.test == "threshold" else None
+        for cid in racing:
+            entrant = self._entrants[cid]
+            if table is not None:
+                right = entrant.right(self._order, k)
+                critical = int(table[self._bar, index])
+                stop = right <= critical
+                look = Look(examples=k, worse=k - right, better=right,
+                            critical=k - critical if critical >= 0 else None,
+                            spent=self._alpha * (k / self._looks[-1]) ** self._power, stop=stop, against=self._bar_id)
+            else:
+                assert entrant.sign is not None or entrant.frozen_stop is not None
+                if entrant.sign is None:
+                    continue
+                entrant.sign.count(self._order, k, entrant.scores, self._incumbent)
+                look = entrant.sign.test.look(examples=k, worse=entrant.sign.worse, better=entrant.sign.better)
+                look = dataclasses.replace(look, against=self._bar_id)
+                stop = look.stop
+            if entrant.frozen_stop is not None:
+                if entrant.frozen_stop == k:
+                    entrant.stopped_at = k  # as recorded
+                continue
+            entrant.looks.append(look)
+            if stop:
+                entrant.stopped_at, entrant.stopped_by = k, self._bar_id
+                logger.debug("Candidate %d raced out after %d of %d examples: %s", cid, k, self.n, look)
+        if index in self._lead_at:
+            contenders = [cid for cid in racing if self._entrants[cid].stopped_at is None]
+            if contenders:  # the most right answers so far (ties: the lowest id) runs in full now
+                leader = max(contenders, key=lambda cid: (self._entrants[cid].right(self._order, k), -cid))
+                self._entrants[leader].leader = True
+                logger.debug("Candidate %d leads after %d examples and runs in full", leader, k)
+
+    def decision(self, cid: int) -> Decision:
+        """Where candidate ``cid``'s race stands."""
+        entrant = self._entrants[cid]
+        if entrant.stopped_at is not None and entrant.frozen_stop is None:
+            k = entrant.stopped_at
+            return Decision(action="stop", examples=k, n=self.n,
+                            mean=sum(entrant.scores[e] for e in self._order[:k]) / k, stopped_by=entrant.stopped_by)
+        if not entrant.withdrawn and entrant.prefix == self.n and (
+                entrant.leader or self._next_look >= len(self._looks)):
+            return Decision(action="complete", examples=self.n, n=self.n,
+                            mean=sum(entrant.scores.values()) / self.n)
+        taken = min(self._looks[self._next_look - 1] if self._next_look else 0, entrant.prefix)
+        mean = sum(entrant.scores[e] for e in self._order[:taken]) / taken if taken else None
+        return Decision(action="continue", examples=taken, n=self.n, mean=mean)
+
+    def looks(self, cid: int) -> list[Look]:
+        """Candidate ``cid``'s looks, each against the bar of its time."""
+        return list(self._entrants[cid].looks)
+
+    def leaders(self) -> list[int]:
+        """The candidates chosen to run in full early."""
+        return sorted(cid for cid, e in self._entrants.items() if e.leader)
+
+
+class Race:
+    """One candidate's race against a fixed best, fed results in any order (a :class:`StepRace` of one, no leader).
+
+    Args:
+        best_scores: The best's score on every training example (indexed by example), each in ``[0, 1]``.
+        order: The shared example order (:func:`example_order`).
+        schedule: The looks (:class:`RacingSchedule`) for ``len(order)`` examples.
+        alpha: The level of the test.
+        seed: The run's seed, for the rounding of fractional differences.
+        stream: A number distinguishing this candidate (for example its id), for the same purpose.
+        power: The spending exponent (1: linear).
+        test: ``"sign"`` (the paired sign test), ``"threshold"`` (the best's training total as the bar) or ``"auto"``.
+    """
+
+    def __init__(self, *, best_scores: Sequence[float], order: Sequence[int], schedule: RacingSchedule,
+                 alpha: float = DEFAULT_ALPHA, seed: int = 0, stream: int = 0, power: float = SPENDING_POWER,
+                 test: Literal["auto", "threshold", "sign"] = "sign") -> None:
+        self._stream = stream
+        self._race = StepRace(incumbent=best_scores, entrants=[stream], order=order, schedule=schedule, alpha=alpha,
+                              seed=seed, incumbent_id=-1 if stream != -1 else -2, test=test, power=power)
+
+    @property
+    def n(self) -> int:
+        """The number of training examples."""
+        return self._race.n
+
+    @property
+    def decision(self) -> Decision:
+        """Where the race stands."""
+        return self._race.decision(self._stream)
+
+    @property
+    def looks(self) -> list[Look]:
+        """Every look taken."""
+        return self._race.looks(self._stream)
+
     def needed(self) -> list[int]:
         """The examples, in order, to score up to the next look (all remaining ones after the last look)."""
-        if self.decision.action != "continue":
-            return []
-        upto = next((k for k in self._looks if k > self.decision.examples), self.n)
-        return [e for e in self._order[self.decision.examples : upto] if e not in self._scores]
+        return self._race.needed(self._stream)
 
     def record(self, example: int, score: float) -> Decision:
-        """Buffer one result and take every look it completes.
-
-        Args:
-            example: The training example's index.
-            score: The candidate's score on it, in ``[0, 1]``.
-
-        Returns:
-            The decision after this result. Results recorded after a stop are ignored.
+        """Buffer one result and take every look it completes; results after a stop are ignored.
 
         Raises:
             ValueError: On an unknown or repeated example, or a score outside ``[0, 1]``.
         """
-        if self.decision.action != "continue":
-            return self.decision
-        if example not in self._position:
-            raise ValueError(f"example {example!r} is not one of the {self.n} training examples")
-        if example in self._scores:
-            raise ValueError(f"example {example} was recorded twice")
-        self._scores[example] = _check_score(score, f"score of example {example}")
-        while self._prefix < self.n and self._order[self._prefix] in self._scores:
-            self._advance(self._order[self._prefix])
-            self._prefix += 1
-            if self._prefix in self._looks:
-                look = self._test.look(examples=self._prefix, worse=self._worse, better=self._better)
-                self.looks.append(look)
-                action: Action = "stop" if look.stop else "continue"
-                mean = self._total / self._prefix
-                self.decision = Decision(action=action, examples=self._prefix, n=self.n, mean=mean)
-                if look.stop:
-                    logger.debug("Race stopped after %d of %d examples: %s", self._prefix, self.n, look)
-                    return self.decision
-        if self._prefix == self.n:
-            self.decision = Decision(action="complete", examples=self.n, n=self.n, mean=self._total / self.n)
+        if self.decision.action == "continue":
+            self._race.record(self._stream, example, score)
         return self.decision
-
-    def _advance(self, example: int) -> None:
-        score = self._scores[example]
-        self._total += score
-        diff = score - self._best[example]
-        if diff != 0.0 and self._coins[example] < abs(diff):
-            if diff < 0.0:
-                self._worse += 1
-            else:
-                self._better += 1
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -355,59 +423,84 @@ class Race:
 
 
 class RacingPolicy:
-    """The scoring policy of ``racing``: a step's new candidates race the best at the start of their step.
-
-    Every candidate runs its examples block by block in the shared seeded order (:func:`example_order`), the next
-    block only once the previous look is decided, and a candidate the test finds worse is stopped (``raced_out``)
-    with its partial mean. Recorded scores are replayed into each race first, so a resumed race takes the same
-    decisions.
+    """The scoring policy of ``racing``: a step's new candidates race the bar, the leaders run in full early.
 
     Args:
-        alpha: The test's level.
-        seed: The run's seed (the example order and the rounding of fractional differences).
+        alpha: The level.
+        seed: The run's seed (the example order and the rounding of fractional scores).
     """
 
     def __init__(self, *, alpha: float, seed: int):
         check_alpha(alpha)
         self.alpha, self.seed = alpha, seed
 
-    def plan(self, candidates: Sequence[Candidate], baseline: Candidate) -> RacingPlan:
-        return RacingPlan(candidates, baseline, alpha=self.alpha, seed=self.seed)
+    def plan(self, candidates: Sequence[Candidate], baseline: Candidate,
+             decided: Sequence[Candidate] = ()) -> RacingPlan:
+        n = len(baseline.scores)
+        return RacingPlan(candidates, baseline, decided=decided, alpha=self.alpha, seed=self.seed,
+                          schedule=RacingSchedule.build(n))
+
+
+def _raced_to(candidate: Candidate, n: int) -> int | None:
+    """Where a decided candidate raced to (its stop, or n), or None for one not decided by a race."""
+    if candidate.status == CandidateStatus.SCORED:
+        return n
+    if candidate.status == CandidateStatus.RACED_OUT and candidate.race is not None:
+        return candidate.race.stopped_at
+    return None
 
 
 class RacingPlan:
-    """The races of one phase: one :class:`Race` per candidate against the same baseline."""
+    """The race of one phase: a :class:`StepRace` of the candidates to score, with the step's decided ones."""
 
-    def __init__(self, candidates: Sequence[Candidate], baseline: Candidate, *, alpha: float, seed: int):
+    def __init__(self, candidates: Sequence[Candidate], baseline: Candidate, *, decided: Sequence[Candidate] = (),
+                 alpha: float, seed: int, schedule: RacingSchedule | None = None, **race_options: Any):
         n = len(baseline.scores)
-        order = example_order(n, seed=seed)
-        schedule = RacingSchedule.build(n)
         baseline_scores = [score for score in baseline.scores if score is not None]
         if len(baseline_scores) != n:
             raise ValueError(f"candidate {baseline.id} is not scored on every training example, so it cannot be raced")
+        ids = {c.id for c in candidates}
+        frozen = {c.id: (c.scores, raced_to) for c in decided
+                  if c.id not in ids and c.id != baseline.id and (raced_to := _raced_to(c, n)) is not None}
         self._against = baseline.id
-        self._races: dict[int, Race] = {}
-        for candidate in candidates:
-            race = Race(best_scores=baseline_scores, order=order, schedule=schedule, alpha=alpha, seed=seed,
-                        stream=candidate.id)
-            for index, value in enumerate(candidate.scores):  # a race's decisions do not depend on arrival order
-                if value is not None:
-                    race.record(index, value)
-            self._races[candidate.id] = race
+        self._race = StepRace(incumbent=baseline_scores, entrants=[c.id for c in candidates],
+                              order=example_order(n, seed=seed), schedule=schedule or RacingSchedule.build(n),
+                              alpha=alpha, seed=seed, incumbent_id=baseline.id, decided=frozen, **race_options)
+        for candidate in candidates:  # a race's decisions do not depend on arrival order
+            for index, value in enumerate(candidate.scores):
+                if value is not None and self._race.decision(candidate.id).action == "continue":
+                    self._race.record(candidate.id, index, value)
 
     def next_round(self) -> dict[int, list[int]]:
-        return {cid: needed for cid, race in self._races.items() if (needed := race.needed())}
+        return self._race.next_round()
 
     def record(self, candidate_id: int, index: int, score: float) -> None:
-        self._races[candidate_id].record(index, score)
+        if self._race.decision(candidate_id).action == "continue":
+            self._race.record(candidate_id, index, score)
 
     def decision(self, candidate_id: int) -> PlanDecision | None:
-        race = self._races[candidate_id]
-        decision = race.decision
+        decision = self._race.decision(candidate_id)
         if decision.action == "continue":
             return None
         stopped = decision.action == "stop"
-        record = RaceRecord(against=self._against, examples=decision.examples, n=race.n,
-                            looks=[RaceLook(**dataclasses.asdict(look)) for look in race.looks],
-                            stopped_at=decision.examples if stopped else None)
+        record = RaceRecord(against=self._against, examples=decision.examples, n=decision.n,
+                            looks=[RaceLook(**dataclasses.asdict(look)) for look in self._race.looks(candidate_id)],
+                            stopped_at=decision.examples if stopped else None, stopped_by=decision.stopped_by)
         return PlanDecision(stopped=stopped, mean=decision.mean, reason=decision.reason, race=record)
+
+
+__all__ = [
+    "DEFAULT_ALPHA",
+    "Decision",
+    "Look",
+    "Race",
+    "RacingPlan",
+    "RacingPolicy",
+    "RacingSchedule",
+    "SequentialSignTest",
+    "StepRace",
+    "binomial_half_pmf",
+    "check_alpha",
+    "example_order",
+    "threshold_table",
+]

@@ -143,6 +143,8 @@ class RaceLook(BaseModel):
     """Alpha spent up to this look."""
     stop: bool
     """Whether this look stopped the candidate."""
+    against: int | None = None
+    """The candidate this look compared with: the step's incumbent, or the sibling that stopped it."""
 
 
 class RaceRecord(BaseModel):
@@ -158,6 +160,8 @@ class RaceRecord(BaseModel):
     """Every look taken, in order."""
     stopped_at: int | None = None
     """The examples of the look that stopped it; None: it ran all n."""
+    stopped_by: int | None = None
+    """The id of the candidate it lost to (the incumbent or a sibling of its step); None: it ran all n."""
 
     @property
     def reason(self) -> str | None:

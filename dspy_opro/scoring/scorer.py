@@ -75,16 +75,18 @@ class ScoringPolicy(Protocol):
     """Makes the plan of each training phase of a step's new candidates (the start and validation are always
     scored in full)."""
 
-    def plan(self, candidates: Sequence[Candidate], baseline: Candidate) -> ScoringPlan:
+    def plan(self, candidates: Sequence[Candidate], baseline: Candidate,
+             decided: Sequence[Candidate] = ()) -> ScoringPlan:
         """The plan for ``candidates``, whose recorded scores it replays, against ``baseline`` (the best candidate
-        at the start of their step)."""
+        at the start of their step); ``decided`` are the step's candidates already scored or raced out."""
         ...
 
 
 class FullScoring:
     """The paper's policy: every missing example of every candidate, in one round."""
 
-    def plan(self, candidates: Sequence[Candidate], baseline: Candidate | None = None) -> ScoringPlan:
+    def plan(self, candidates: Sequence[Candidate], baseline: Candidate | None = None,
+             decided: Sequence[Candidate] = ()) -> ScoringPlan:
         return _OneRound({c.id: [i for i, value in enumerate(c.scores) if value is None] for c in candidates})
 
 
@@ -214,8 +216,8 @@ class CandidateScorer:
         self.setup, self.evaluator, self.budget = setup, evaluator, budget
         self.policy: ScoringPolicy = policy or FullScoring()
 
-    def score(self, candidates: Sequence[Candidate], split: Split, *,
-              baseline: Candidate | None = None) -> ScoringPhase:
+    def score(self, candidates: Sequence[Candidate], split: Split, *, baseline: Candidate | None = None,
+              decided: Sequence[Candidate] = ()) -> ScoringPhase:
         """Score ``candidates`` on every example of ``split`` they have no score for.
 
         Args:
@@ -223,11 +225,12 @@ class CandidateScorer:
             split: ``"train"`` or ``"val"``.
             baseline: The best candidate at the start of the candidates' step: training phases with one are planned
                 by the scoring policy (the start and a baseline itself are always scored in full).
+            decided: The step's candidates already scored or raced out, which the policy may race against.
         """
-        return ScoringPhase(self._events(list(candidates), split, baseline))
+        return ScoringPhase(self._events(list(candidates), split, baseline, list(decided)))
 
-    def _events(self, candidates: list[Candidate], split: Split,
-                baseline: Candidate | None) -> Generator[ScoringEvent, None, str | None]:
+    def _events(self, candidates: list[Candidate], split: Split, baseline: Candidate | None,
+                decided: list[Candidate]) -> Generator[ScoringEvent, None, str | None]:
         n = len(self.setup.data.examples(split))
         scores = {c.id: list(_scores_of(c, split, n)) for c in candidates}
         infra: dict[int, list[str]] = {c.id: [] for c in candidates}
@@ -235,7 +238,7 @@ class CandidateScorer:
                  (START_ID, baseline.id)]
         plans: list[tuple[ScoringPlan, set[int]]] = []
         if raced:
-            plans.append((self.policy.plan(raced, baseline), {c.id for c in raced}))  # type: ignore[arg-type]
+            plans.append((self.policy.plan(raced, baseline, decided), {c.id for c in raced}))  # type: ignore[arg-type]
         rest = [c for c in candidates if c not in raced]
         if rest:
             plans.append((_OneRound({c.id: _missing(scores[c.id]) for c in rest}), {c.id for c in rest}))
@@ -270,12 +273,14 @@ class CandidateScorer:
                 scores[cid][result.index] = result.score
                 if cid not in open_ids:
                     continue  # a result past its candidate's stop: paid and recorded, the decision stands
-                plan_of[cid].record(cid, result.index, result.score)
-                decision = plan_of[cid].decision(cid)
-                if decision is not None and decision.stopped:
-                    open_ids.remove(cid)
-                    yield CandidateOutcome(cid, split, CandidateStatus.RACED_OUT, decision.mean, decision.reason,
-                                           decision.race)
+                plan = plan_of[cid]
+                plan.record(cid, result.index, result.score)
+                for other in [o for o in open_ids if plan_of[o] is plan]:  # a look may stop any candidate it races
+                    decision = plan.decision(other)
+                    if decision is not None and decision.stopped:
+                        open_ids.remove(other)
+                        yield CandidateOutcome(other, split, CandidateStatus.RACED_OUT, decision.mean,
+                                               decision.reason, decision.race)
             stop_reason = batch.stop_reason
         for cid in open_ids:
             yield self._ended(cid, split, scores[cid], plan_of[cid], infra[cid], stop_reason)
