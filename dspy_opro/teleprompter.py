@@ -27,7 +27,6 @@ Example:
 from __future__ import annotations
 
 import concurrent.futures as cf
-import difflib
 import functools
 import inspect
 import os
@@ -49,6 +48,8 @@ R = TypeVar("R")
 
 def unknown_keyword_error(function: str, unknown: str, known: Iterable[str]) -> TypeError:
     """The ``TypeError`` of a mistyped keyword, suggesting the closest known name (``num_step`` -> ``num_steps``)."""
+    import difflib  # only on a mistake: ``import dspy_opro`` stays cheap
+
     close = difflib.get_close_matches(unknown, list(known), n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else f"; the known arguments are {sorted(known)}"
     return TypeError(f"{function} got an unexpected keyword argument {unknown!r}{hint}")
