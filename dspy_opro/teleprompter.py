@@ -52,7 +52,7 @@ R = TypeVar("R")
 
 def unknown_keyword_error(function: str, unknown: str, known: Iterable[str]) -> TypeError:
     """The ``TypeError`` of a mistyped keyword, suggesting the closest known name (``num_step`` -> ``num_steps``)."""
-    import difflib  # only on this error path: ``import dspy_opro`` loads nothing dspy has not
+    import difflib  # only on a mistake: ``import dspy_opro`` stays cheap
 
     close = difflib.get_close_matches(unknown, list(known), n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else f"; the known arguments are {sorted(known)}"
