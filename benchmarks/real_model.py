@@ -4,13 +4,14 @@ The project's first figures from a real model. Two small tasks shipped in ``benc
 12 to train on, 28 held out for the test): ``capitals`` (a country's capital city) and ``sentiment`` (a short review,
 positive or negative). Every contender optimizes the same one-predictor program, run through
 :class:`dspy_opro.testing.plain_adapter.PlainAdapter` (DSPy's ChatAdapter makes a 135M model answer with code), at
-about the same number of task-model calls on the training set (``--budget``, 156 by default: 13 passes):
+about the same number of task-model calls on the training set (about 100: 8 to 9 passes over the 12 examples):
 
 * ``start``: the program as given (its instruction is the signature's default), no optimization;
-* ``opro``: :class:`dspy_opro.OPROTeleprompter`, 3 steps x 4 candidates, 3 exemplars, replies of at most
-  ``--optimizer-tokens`` tokens;
-* ``copro``: ``dspy.COPRO``, breadth 4, depth 3 (4 x 3 x 12 = 144 evaluations);
-* ``miprov2``: ``dspy.MIPROv2``, instructions only (no demos), 4 instruction candidates, 12 full-evaluation trials.
+* ``opro``: :class:`dspy_opro.OPROTeleprompter`, 2 steps x 4 candidates, 3 exemplars, replies of at most
+  ``--optimizer-tokens`` tokens (12 + 2 x 4 x 12 = 108 evaluations at most);
+* ``copro``: ``dspy.COPRO``, breadth 4, depth 2 (4 x 2 x 12 = 96 evaluations);
+* ``miprov2``: ``dspy.MIPROv2``, instructions only (no demos), 4 instruction candidates, 8 full-evaluation trials
+  ((1 + 8) x 12 = 108 evaluations).
 
 The server (llama-cpp-python, one request at a time) sits behind :class:`dspy_opro.testing.local_model.
 CountingProxy`; a contender's LM calls are the requests the proxy forwarded during its compile, by role (the task
@@ -111,17 +112,17 @@ def compile_contender(name: str, program: dspy.Module, trainset: list[dspy.Examp
     if name == "start":
         return program
     if name == "opro":
-        return OPROTeleprompter(metric, prompt_model=prompt_lm, task_model=task_lm, num_steps=3, num_candidates=4,
+        return OPROTeleprompter(metric, prompt_model=prompt_lm, task_model=task_lm, num_steps=2, num_candidates=4,
                                 num_exemplars=3, max_tokens=optimizer_tokens, num_threads=1, seed=seed,
                                 display_progress=False).compile(program, trainset=trainset)
     if name == "copro":
-        return dspy.COPRO(metric=metric, prompt_model=prompt_lm, breadth=4, depth=3).compile(
+        return dspy.COPRO(metric=metric, prompt_model=prompt_lm, breadth=4, depth=2).compile(
             program, trainset=trainset, eval_kwargs={"num_threads": 1, "display_progress": False})
     if name == "miprov2":
         optimizer = dspy.MIPROv2(metric=metric, prompt_model=prompt_lm, task_model=task_lm, auto=None, num_candidates=4,
                                  max_bootstrapped_demos=0, max_labeled_demos=0, num_threads=1, seed=seed,
                                  verbose=False)
-        return optimizer.compile(program, trainset=trainset, valset=trainset, num_trials=12, minibatch=False)
+        return optimizer.compile(program, trainset=trainset, valset=trainset, num_trials=8, minibatch=False)
     raise ValueError(f"unknown contender {name!r}: one of {CONTENDERS}")
 
 

@@ -74,7 +74,8 @@ def main() -> None:
     best = run.best()
     print(f"start: {run.candidates[0].score}; best: {best.score if best else None}")
     print(f"instruction: {compiled.signature.instructions!r}")
-    print(f"LM calls: {run.usage.optimizer.calls} optimizer, {run.usage.task.calls} task")
+    usage = run.usage
+    print(f"LM calls: {usage.optimizer.calls} optimizer, {usage.task.calls} task")
 
 
 if __name__ == "__main__":

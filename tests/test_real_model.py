@@ -31,7 +31,7 @@ import pytest  # noqa: E402
 
 from benchmarks.real_model import TASK_MODEL, load_task  # noqa: E402
 from dspy_opro import OPROTeleprompter  # noqa: E402
-from dspy_opro.record.files import load_state  # noqa: E402
+from dspy_opro.record.files import ProgressJournal, load_state  # noqa: E402
 from dspy_opro.testing.local_model import (  # noqa: E402
     INSTALL_COMMAND,
     CountingProxy,
@@ -84,10 +84,10 @@ def connection(base_url: str) -> dict[str, Any]:
 def build(base_url: str, log_dir: str | None = None, **options: Any) -> tuple[OPROTeleprompter, dspy.Module,
                                                                                list[dspy.Example], dspy.LM]:
     trainset, _, metric, signature = load_task("capitals")
-    task_lm = dspy.LM(TASK_MODEL, temperature=0.0, max_tokens=options.pop("task_tokens", 12), **connection(base_url))
-    prompt_lm = dspy.LM(OPTIMIZER, temperature=1.0, max_tokens=60, **connection(base_url))
+    task_lm = dspy.LM(TASK_MODEL, temperature=0.0, max_tokens=options.pop("task_tokens", 8), **connection(base_url))
+    prompt_lm = dspy.LM(OPTIMIZER, temperature=1.0, max_tokens=40, **connection(base_url))
     settings: dict[str, Any] = {"num_steps": STEPS, "num_candidates": CANDIDATES, "num_exemplars": 2,
-                                "max_tokens": 60, "num_threads": 1, "display_progress": False, **options}
+                                "max_tokens": 40, "num_threads": 1, "display_progress": False, **options}
     teleprompter = OPROTeleprompter(metric, prompt_model=prompt_lm, task_model=task_lm, log_dir=log_dir, **settings)
     return teleprompter, dspy.Predict(signature), trainset[:EXAMPLES], task_lm
 
@@ -152,7 +152,8 @@ def test_sigkill_and_resume_buy_again_only_the_evaluation_in_flight(proxy, tmp_p
     before = len(served(proxy))
     killed = load_state(log_dir)
     assert killed is not None and killed.status == "running"
-    assert killed.metric_calls == kill_at - 1  # the answered evaluation in flight was never recorded
+    # Snapshot and journal hold every evaluation but the one in flight, answered and never recorded.
+    assert killed.metric_calls + len(ProgressJournal.read(log_dir)) == kill_at - 1
     teleprompter, program, trainset, _ = build(proxy.base_url, str(log_dir))
     with dspy.context(adapter=PlainAdapter()):
         resumed = teleprompter.compile(program, trainset=trainset).opro_run
