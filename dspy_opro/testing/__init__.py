@@ -12,7 +12,9 @@ One job per module: ``server`` (the endpoint and its request log), ``transport``
 asks, routed to an answer), ``task_model`` (the simulated task: dataset, metric, instruction landscape, answers,
 judge), ``proposer`` (the simulated optimizer model answering OPRO's meta-prompts, as every offline run's
 optimizer model), ``adapter_prompts`` (reading and writing DSPy adapter prompts) and ``hashing`` (stable
-pseudo-randomness).
+pseudo-randomness). Beside the simulation, not imported here: ``local_model`` (a real model on 127.0.0.1:
+SmolLM2-135M-Instruct served by llama-cpp-python, and a counting proxy; ``python -m dspy_opro.testing.local_model
+serve``) and ``plain_adapter`` (a one-message adapter for models too small for DSPy's adapters).
 
 Imports: the standard library, and ``dspy`` lazily (for ``dspy.Example``, ``dspy.Prediction`` and ``dspy.LM``);
 nothing else of ``dspy_opro``, and ``dspy_opro`` imports nothing of it. The simulated COPRO, MIPROv2 and GEPA
