@@ -320,7 +320,7 @@ class OPROTeleprompter(Teleprompter):
                 for a cost estimate; None: no cost (``compile`` logs one measured on step -1's first evaluations).
 
         Returns:
-            The :class:`~dspy_opro.plan.RunPlan`: optimizer requests, evaluations, and the cost with its assumption.
+            The `RunPlan`: optimizer requests, evaluations, and the cost with its assumption.
         """
         from dspy_opro.plan import initial_count, plan_run, use_local_price_maps_offline
         from dspy_opro.task.data import RunData

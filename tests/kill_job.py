@@ -25,7 +25,7 @@ from dspy_opro.testing import simulated_dataset, simulated_metric  # noqa: E402
 
 TASK, OPTIMIZER, JUDGE = "openai/gpt-4o-mini", "openai/gpt-4o", "openai/gpt-4.1-mini"
 SCENARIOS: dict[str, dict[str, Any]] = {
-    "train": {},
+    "train": {"select": "train"},  # the paper's selection, named: with a valset the default selects on it
     "validation": {"select": "validation", "top_k": 2},
     "val_gate": {"val_gate": True},
     "label_free": {"label_free": True},

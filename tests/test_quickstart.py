@@ -43,7 +43,7 @@ def test_quickstart_runs_offline_saves_reloads_and_starts_afresh_unless_resumed(
     # The usage table, both roles and both models. The simulated optimizer is an OpenAI model on LiteLLM, which
     # honours n: one call per step (2), not one per candidate (2 x 3).
     assert "Usage:" in stdout
-    assert "| Role | Calls | Cache hits | Prompt tokens | Completion tokens | Cost |" in stdout
+    assert "| Role | Calls | Cache hits | Prompt tokens | Cached prompt tokens | Completion tokens | Cost |" in stdout
     for label in ("| optimizer | 2 | 0 |", "| task |", "| total |", "`openai/simulated-task`",
                   "`openai/simulated-optimizer`"):
         assert label in stdout

@@ -30,6 +30,20 @@ ROOT = Path(__file__).resolve().parent.parent
 START = "Given the fields `question`, produce the fields `answer`."
 
 
+def journaled_count(log_dir: Path) -> int:
+    """The run's evaluation count on the last whole line of its journal (0 before the first)."""
+    journal = log_dir / "progress.jsonl"
+    if not journal.exists():
+        return 0
+    counts = [0]
+    for line in journal.read_text(encoding="utf-8").splitlines():
+        try:
+            counts.append(int(json.loads(line).get("m", 0)))
+        except (ValueError, AttributeError):
+            continue  # a line being written
+    return max(counts)
+
+
 def warm(endpoint) -> None:
     """One call before the run, so LiteLLM's first-call set-up is not timed as an evaluation."""
     endpoint.lm("openai/sim-task", num_retries=0)("Warm up.")
@@ -132,9 +146,11 @@ def test_ctrl_c_during_a_hung_request_ends_the_run_at_once_and_the_resume_rebuys
             deadline = time.monotonic() + 600  # generous: a loaded machine runs the child slowly
             # Every evaluation but the hung one finishes (6 of the start, 12 of step 0, less the hung one); then
             # the run has nothing left but to wait.
-            while endpoint.count("task") < 17 and time.monotonic() < deadline and child.poll() is None:
+            # Served is not yet recorded: wait until the child has journaled its 17th evaluation, so the signal
+            # cannot land while the last answer is still on its way through the client.
+            while journaled_count(tmp_path / "run") < 17 and time.monotonic() < deadline and child.poll() is None:
                 time.sleep(0.05)
-            assert endpoint.count("task") == 17 and child.poll() is None
+            assert endpoint.count("task") == 17 and journaled_count(tmp_path / "run") == 17 and child.poll() is None
             sent = time.monotonic()
             child.send_signal(signal.SIGINT)
             _, stderr = child.communicate(timeout=300)

@@ -31,7 +31,7 @@ class Racing:
     """Racing: stop a step's new candidate once an exact sequential test says it is below the bar.
 
     The bar is the best candidate's training mean at the start of the step, raised by the step's two leaders (run
-    in full first); see :mod:`dspy_opro.extensions.racing`.
+    in full first); see ``dspy_opro.extensions.racing``.
 
     Args:
         alpha: The test's level: the probability of stopping a candidate at least as good as every bar it raced is

@@ -91,7 +91,7 @@ class FaultConfig:
             ``invalid_utf8`` (each choice ends in two raw bytes that are not UTF-8), ``truncated_body`` (a 200 whose
             ``Content-Length`` is the whole answer's but whose connection closes after half of it).
         n_cap: Answer a request whose ``n`` is above this with HTTP 400 and an OpenAI-style error body naming ``n``
-            (:data:`N_CAP_MESSAGE`), as llama.cpp's ``llama-server`` does above its slot count. None: no cap.
+            (``N_CAP_MESSAGE``), as llama.cpp's ``llama-server`` does above its slot count. None: no cap.
         ignore_n: Answer every request with one choice whatever ``n`` asked for, as llama-cpp-python's server does.
         usage_first_choice_only: When ``n > 1``, ``usage.completion_tokens`` counts the first choice only (a
             ``llama-server`` bug); the request log keeps the tokens truly served (``completion_tokens``) beside
