@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ import dspy  # noqa: E402
 import pytest  # noqa: E402
 
 from benchmarks.real_model import TASK_MODEL, load_task  # noqa: E402
-from dspy_opro import OPROTeleprompter  # noqa: E402
+from dspy_opro import OPRORunError, OPROTeleprompter  # noqa: E402
 from dspy_opro.record.files import ProgressJournal, load_state  # noqa: E402
 from dspy_opro.testing.local_model import (  # noqa: E402
     INSTALL_COMMAND,
@@ -165,19 +166,28 @@ def test_sigkill_and_resume_buy_again_only_the_evaluation_in_flight(proxy, tmp_p
     assert len(after) > before
 
 
-def test_a_timeout_shorter_than_a_long_generation_is_an_infrastructure_failure(proxy):
-    """Needs the ``timeout`` setting (per-evaluation seconds) that issue 23's sibling work adds to OPROConfig."""
-    teleprompter, program, trainset, task_lm = build(proxy.base_url, num_steps=1, timeout=1.0, task_tokens=300)
+def test_a_timeout_shorter_than_a_long_generation_is_an_infrastructure_failure(proxy, tmp_path):
+    """An evaluation that outlives ``timeout`` is abandoned, tried once more, then left unscored as an infrastructure
+    failure (never a program error); a start that cannot be scored stops the run before any optimizer call, with the
+    record saved."""
+    log_dir = tmp_path / "run"
+    teleprompter, program, trainset, task_lm = build(proxy.base_url, str(log_dir), num_steps=1, timeout=1.0,
+                                                     task_tokens=300)
     # No end-of-sequence token: every answer runs to 300 tokens, many seconds on this machine.
     task_lm.kwargs["logit_bias"] = {"0": -100, "2": -100}
-    with dspy.context(adapter=PlainAdapter()):
-        run = teleprompter.compile(program, trainset=trainset[:2]).opro_run
-    start = run.candidates[0]
-    assert start.status == "unscored"
-    assert "time" in (start.reason or "").lower()  # "timeout" / "timed out": the reason names it
+    with dspy.context(adapter=PlainAdapter()), pytest.raises(OPRORunError) as raised:
+        teleprompter.compile(program, trainset=trainset[:2])
+    assert "TimeoutError: the evaluation did not finish within timeout=1 s and was abandoned" in str(raised.value)
+    start = load_state(log_dir).candidates[0]
+    assert start.status == "unscored" and start.scores == [None, None]
+    assert "timeout=1 s" in (start.reason or "")
     assert start.error_count == 0  # an infrastructure failure, not a failure of the program
-    assert max(r.seconds for r in proxy.completions()) > 1.0
-
+    assert not [r for r in proxy.completions() if (r.body or {}).get("model") == OPTIMIZER.split("/", 1)[1]]
+    # The abandoned generations go on at the server; the proxy logs each when it ends, over a second after it began.
+    deadline = time.monotonic() + 300
+    while not any(r.seconds > 1.0 for r in proxy.completions()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert any(r.seconds > 1.0 for r in proxy.completions())
 
 if __name__ == "__main__":
     from tests.kill_job import KillAt

