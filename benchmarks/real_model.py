@@ -9,7 +9,8 @@ about the same number of task-model calls on the training set (about 100: 8 to 9
 * ``start``: the program as given (its instruction is the signature's default), no optimization;
 * ``opro``: :class:`dspy_opro.OPROTeleprompter`, 2 steps x 4 candidates, 3 exemplars, replies of at most
   ``--optimizer-tokens`` tokens (12 + 2 x 4 x 12 = 108 evaluations at most);
-* ``copro``: ``dspy.COPRO``, breadth 4, depth 2 (4 x 2 x 12 = 96 evaluations);
+* ``copro``: ``dspy.COPRO``, breadth 4, depth 2 (4 x 2 x 12 = 96 evaluations); its prompt model is a
+  :class:`SingleChoiceLM`, so the server's ignoring ``n`` does not leave it one candidate per round;
 * ``miprov2``: ``dspy.MIPROv2``, instructions only (no demos), 4 instruction candidates, 8 full-evaluation trials
   ((1 + 8) x 12 = 108 evaluations).
 
@@ -90,11 +91,42 @@ def load_task(name: str) -> tuple[list[dspy.Example], list[dspy.Example], Callab
     return examples["train"], examples["test"], metric, signature
 
 
-def models(base_url: str, *, task_tokens: int, optimizer_tokens: int) -> tuple[dspy.LM, dspy.LM]:
-    """The task model (temperature 0) and the optimizer model, one server under two names."""
+class SingleChoiceLM(dspy.LM):
+    """A ``dspy.LM`` that asks for ``n`` choices as ``n`` single-choice requests (distinct rollout ids).
+
+    llama-cpp-python's server ignores ``n`` and answers one choice. OPRO notices and asks again; COPRO asks its
+    prompt model for ``breadth - 1`` (then ``breadth``) instructions in one request and goes on with the one it gets,
+    which left it a third of its budget here. DSPy's native engine fans ``n`` out, but cannot carry the
+    ``extra_body`` that caps this server's replies (:func:`lm_settings`), so COPRO's prompt model fans out here.
+    ``choices_per_call`` keeps how many choices each call returned, for the record.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.choices_per_call: list[int] = []
+
+    def __call__(self, prompt: str | None = None, *, messages: list[dict[str, Any]] | None = None,
+                 **kwargs: Any) -> list[Any]:
+        n = kwargs.pop("n", None) or self.kwargs.get("n") or 1
+        first = kwargs.pop("rollout_id", None) or 0
+        outputs: list[Any] = []
+        for i in range(n):
+            outputs += super().__call__(prompt, messages=messages, n=1, rollout_id=first + i, **kwargs)
+        self.choices_per_call.append(len(outputs))
+        return outputs
+
+
+def models(base_url: str, *, task_tokens: int, optimizer_tokens: int,
+           fan_out: bool = False) -> tuple[dspy.LM, dspy.LM]:
+    """The task model (temperature 0) and the optimizer model, one server under two names.
+
+    ``fan_out``: the optimizer model is a :class:`SingleChoiceLM` (for COPRO, which relies on ``n``).
+    """
     common = {"cache": False, "num_retries": 0}
+    optimizer_class = SingleChoiceLM if fan_out else dspy.LM
     return (dspy.LM(TASK_MODEL, temperature=0.0, **common, **lm_settings(base_url, max_tokens=task_tokens)),
-            dspy.LM(OPTIMIZER_MODEL, temperature=1.0, **common, **lm_settings(base_url, max_tokens=optimizer_tokens)))
+            optimizer_class(OPTIMIZER_MODEL, temperature=1.0, **common,
+                            **lm_settings(base_url, max_tokens=optimizer_tokens)))
 
 
 def evaluate(program: dspy.Module, examples: list[dspy.Example], metric: Callable[..., float]) -> float:
@@ -133,7 +165,8 @@ def instruction_of(program: dspy.Module) -> str:
 def run_one(proxy: CountingProxy, task: str, contender: str, seed: int, *, task_tokens: int,
             optimizer_tokens: int) -> dict[str, Any]:
     trainset, testset, metric, signature = load_task(task)
-    task_lm, prompt_lm = models(proxy.base_url, task_tokens=task_tokens, optimizer_tokens=optimizer_tokens)
+    task_lm, prompt_lm = models(proxy.base_url, task_tokens=task_tokens, optimizer_tokens=optimizer_tokens,
+                                fan_out=contender == "copro")
     before = len(proxy.completions())
     began = time.perf_counter()
     row: dict[str, Any] = {"task": task, "contender": contender, "seed": seed}
@@ -149,6 +182,11 @@ def run_one(proxy: CountingProxy, task: str, contender: str, seed: int, *, task_
         during = proxy.completions()[before:]
         row["task_calls"] = sum(1 for r in during if (r.body or {}).get("model") == TASK_MODEL.split("/")[1])
         row["optimizer_calls"] = sum(1 for r in during if (r.body or {}).get("model") == OPTIMIZER_MODEL.split("/")[1])
+        optimizer_requests = [r for r in during if (r.body or {}).get("model") == OPTIMIZER_MODEL.split("/")[1]]
+        row["optimizer_n"] = [(r.body or {}).get("n", 1) for r in optimizer_requests]  # as sent on the wire
+        row["optimizer_choices"] = sum(r.choices for r in optimizer_requests)  # as the server answered
+        if isinstance(prompt_lm, SingleChoiceLM):
+            row["choices_per_proposer_call"] = prompt_lm.choices_per_call
         row["failed_requests"] = sum(1 for r in during if r.status != 200)
         began = time.perf_counter()
         row["test"] = evaluate(compiled, testset, metric)
@@ -161,7 +199,7 @@ def summarize(rows: list[dict[str, Any]]) -> str:
     lines = ["| task | contender | runs | test accuracy, mean (min-max) | task calls | optimizer calls | "
              "compile s | errors |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for task in dict.fromkeys(r["task"] for r in rows):
-        for contender in dict.fromkeys(r["contender"] for r in rows):
+        for contender in CONTENDERS:  # in this order whatever order the runs were appended in
             group = [r for r in rows if r["task"] == task and r["contender"] == contender]
             if not group:
                 continue
