@@ -299,14 +299,19 @@ class CountingProxy:
                 began = time.perf_counter()
                 connection = http.client.HTTPConnection(*proxy.upstream, timeout=3600)
                 headers = {"Content-Type": "application/json"}
-                connection.request(self.command, self.path, body=raw, headers=headers)
-                answer = connection.getresponse()
-                data = answer.read()
-                connection.close()
-                proxy._log(self.path, raw, answer.status, data, time.perf_counter() - began)
+                try:
+                    connection.request(self.command, self.path, body=raw, headers=headers)
+                    answer = connection.getresponse()
+                    status, data = answer.status, answer.read()
+                    content_type = answer.getheader("Content-Type") or "application/json"
+                except (OSError, http.client.HTTPException) as exc:  # the server stopped mid-request
+                    status, data, content_type = 502, str(exc).encode(), "text/plain"
+                finally:
+                    connection.close()
+                proxy._log(self.path, raw, status, data, time.perf_counter() - began)
                 with contextlib.suppress(OSError):  # the client may have given up (a timeout)
-                    self.send_response(answer.status)
-                    self.send_header("Content-Type", answer.getheader("Content-Type") or "application/json")
+                    self.send_response(status)
+                    self.send_header("Content-Type", content_type)
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
                     self.wfile.write(data)
