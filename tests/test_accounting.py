@@ -177,10 +177,11 @@ def test_a_program_that_tracks_its_own_usage_still_counts():
                                          * prices["output_cost_per_token"] for r in records), rel=1e-9)
 
 
-@pytest.mark.parametrize("fail_kind", ["invalid_utf8", "empty_choices"])
+@pytest.mark.parametrize("fail_kind", ["invalid_utf8", "malformed_usage", "empty_choices"])
 def test_a_200_reply_the_client_could_not_use_still_counts_the_usage_it_carried(fail_kind):
-    """A 200 reply that is not UTF-8 (a server error to DSPy) or has no choices (a program failure) was served and
-    carried a usage object: its tokens and cost count, so the record equals what the endpoint billed."""
+    """A 200 reply that is not UTF-8 or not JSON as a whole (a server error to DSPy), or has no choices (a program
+    failure), was served and carried a usage object: its tokens and cost count, so the record equals what the
+    endpoint billed."""
     from dspy_opro.testing import FaultConfig
 
     faults = FaultConfig(fail_requests={2, 3}, fail_kind=fail_kind, only_kinds={"task"})

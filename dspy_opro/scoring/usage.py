@@ -15,10 +15,10 @@ other threads by the program itself:
   ``unpriced_calls`` and its cost is reported as unknown;
 * only a program that fans out to threads of its own gets a DSPy callback, which tells a failed program's LM calls
   still in flight (see :class:`UsageCapture`);
-* a 200 reply whose body is not UTF-8 reaches DSPy as a server error, but the bytes travel in the exception's
-  ``UnicodeDecodeError``: :meth:`UsageCapture.count_unreadable_reply` reads the ``usage`` object from them, so
-  its tokens count. A body cut short before its ``usage`` (a malformed reply) shows the client no usage, and
-  LiteLLM's own retries inside one LM call are not seen either: neither is counted.
+* a 200 reply whose body is not UTF-8, or is not JSON as a whole, reaches DSPy as a server error, but the body
+  travels in the exception's ``UnicodeDecodeError`` or ``JSONDecodeError``: :meth:`UsageCapture.count_unreadable_reply`
+  reads the ``usage`` object from it, so its tokens count. A body cut short before its ``usage`` shows the client
+  no usage, and LiteLLM's own retries inside one LM call are not seen either: neither is counted.
 
 :func:`roll_up` adds a run's usage to the caller's ``dspy.track_usage()`` tracker.
 """
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -216,8 +217,8 @@ class UsageCapture:
                             **overrides)
 
     def count_unreadable_reply(self, exc: BaseException, model: str | None) -> bool:
-        """Count the usage a failed LM call's reply carried when the client read its bytes but could not decode
-        them (a 200 reply that is not UTF-8); whether there was one."""
+        """Count the usage a failed LM call's reply carried when the client read its body but could not decode it
+        (a 200 reply that is not UTF-8, or not JSON as a whole); whether there was one."""
         usage = unreadable_reply_usage(exc)
         if usage is None or not model:
             return False
@@ -275,21 +276,41 @@ class UsageCapture:
 
 
 def unreadable_reply_usage(exc: BaseException) -> dict[str, Any] | None:
-    """The ``usage`` object of a reply whose body could not be decoded as UTF-8, from the bytes the
-    ``UnicodeDecodeError`` in ``exc``'s chain holds; None when there is none."""
+    """The ``usage`` object of a 200 reply the client received but could not read, from the body its exception
+    chain holds: the bytes of a ``UnicodeDecodeError`` (a body that is not UTF-8), or the text of a
+    ``JSONDecodeError`` (a body that is not JSON as a whole, whose ``usage`` object is). None when there is none."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        raw = getattr(current, "object", None) if isinstance(current, UnicodeDecodeError) else None
-        if isinstance(raw, (bytes, bytearray)):
-            try:
-                body = json.loads(bytes(raw).decode("utf-8", errors="replace"))
-            except ValueError:
-                return None
-            usage = body.get("usage") if isinstance(body, dict) else None
-            return dict(usage) if isinstance(usage, dict) else None
+        if isinstance(current, UnicodeDecodeError) and isinstance(current.object, (bytes, bytearray)):
+            return _usage_in(bytes(current.object).decode("utf-8", errors="replace"))
+        if isinstance(current, json.JSONDecodeError) and isinstance(current.doc, str):
+            return _usage_in(current.doc)
         current = current.__cause__ or current.__context__
+    return None
+
+
+_USAGE_KEY = re.compile(r'"usage"\s*:\s*(?=\{)')
+
+
+def _usage_in(body: str) -> dict[str, Any] | None:
+    """The ``usage`` object of a reply body: the whole body parsed, else the first ``"usage": {...}`` that parses
+    on its own (a body broken elsewhere)."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict):
+        usage = parsed.get("usage")
+        return dict(usage) if isinstance(usage, dict) else None
+    for match in _USAGE_KEY.finditer(body):
+        try:
+            usage, _ = json.JSONDecoder().raw_decode(body, match.end())
+        except ValueError:
+            continue
+        if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+            return usage
     return None
 
 

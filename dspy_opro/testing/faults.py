@@ -33,6 +33,7 @@ FAULT_KINDS = (
     "odd_text",
     "invalid_utf8",
     "truncated_body",
+    "malformed_usage",
 )
 # Refusals no retry can fix, with OpenAI's status and error body: (status, message, type, code).
 REFUSALS = {
@@ -87,9 +88,10 @@ class FaultConfig:
         fail_kind: One of ``rate_limit``, ``server_error``, ``malformed``, ``empty_choices``, ``hang``, or (only
             through ``fail_requests``) ``auth_error`` (401), ``permission_denied`` (403), ``model_not_found`` (404)
             and ``one_choice`` (a 200 answer with a single choice whatever ``n`` asked for, as providers that
-            ignore ``n`` do), ``odd_text`` (each choice ends in an escaped lone surrogate and a NUL) and
-            ``invalid_utf8`` (each choice ends in two raw bytes that are not UTF-8), ``truncated_body`` (a 200 whose
-            ``Content-Length`` is the whole answer's but whose connection closes after half of it).
+            ignore ``n`` do), ``odd_text`` (each choice ends in an escaped lone surrogate and a NUL),
+            ``invalid_utf8`` (each choice ends in two raw bytes that are not UTF-8), ``malformed_usage`` (a 200 body
+            that is not JSON as a whole: its ``usage`` object arrives, its choices break off) and ``truncated_body``
+            (a 200 whose ``Content-Length`` is the whole answer's but whose connection closes after half of it).
         n_cap: Answer a request whose ``n`` is above this with HTTP 400 and an OpenAI-style error body naming ``n``
             (``N_CAP_MESSAGE``), as llama.cpp's ``llama-server`` does above its slot count. None: no cap.
         ignore_n: Answer every request with one choice whatever ``n`` asked for, as llama-cpp-python's server does.

@@ -393,6 +393,10 @@ class SimulatedEndpoint:
             ],
             "usage": usage,
         }
+        if fault == "malformed_usage":  # the usage object arrives, the choices break off: not JSON as a whole
+            head = json.dumps({key: value for key, value in payload.items() if key != "choices"}, ensure_ascii=False)
+            send(200, (head[:-1] + ', "choices": [{"index": 0, "mess').encode("utf-8"))
+            return
         if fault in ("odd_text", "invalid_utf8"):  # ASCII JSON escapes the surrogate and the NUL
             raw = json.dumps(payload).encode("ascii").replace(_ODD_BYTES_MARK.encode(), b"\xff\xfe")
             send(200, raw)
