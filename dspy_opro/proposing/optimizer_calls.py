@@ -306,7 +306,7 @@ def propose(
             n = fits
         if n == 0:
             return proposals
-        (result,) = collect([0], n) if n > 1 else collect([0], 1)
+        (result,) = collect([0], n)
         if result.n_refused:
             why = f"it refused a request for {n} choices: {result.error}"
             logger.warning("The optimizer model %r refused a request for %d choices (%s). Asking for them with "

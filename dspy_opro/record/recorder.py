@@ -55,8 +55,7 @@ logger = logging.getLogger(__name__)
 def infrastructure_unscored(candidate: Candidate) -> bool:
     """Whether infrastructure failures (an outage, a timeout) left ``candidate`` unscored: compiling again with
     the same ``log_dir`` scores exactly these candidates, once the provider is back."""
-    reason = candidate.reason or ""
-    return candidate.status == CandidateStatus.UNSCORED and ("infrastructure" in reason or "LM failures" in reason)
+    return candidate.status == CandidateStatus.UNSCORED  # the one status infrastructure failures leave
 
 
 class RunRecorder:
