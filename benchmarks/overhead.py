@@ -609,14 +609,14 @@ PROFILE_GROUPS = [
     ("    LiteLLM response cost lookup", r"^Logging\.response_cost_calculator"),
     ("  DSPy adapter format + parse", r"^(Chat)?Adapter\.(format|_call_postprocess) \("),
     ("LiteLLM logging worker (success handler)", r"^Logging\.success_handler"),
-    ("dspy_opro run_example (whole, the Predict call included)", r"^run_example \(dspy_opro/evaluation\.py"),
+    ("dspy_opro run_example (whole, the Predict call included)", r"^run_example \(dspy_opro/scoring/evaluation\.py"),
     ("dspy_opro main thread: OPRORun.execute (whole)", r"^OPRORun\.execute \(dspy_opro/run\.py"),
-    ("  Evaluator.run dispatch loop", r"^Evaluator\.run \(dspy_opro/scoring\.py"),
-    ("    ThreadPoolExecutor.submit", r"^Evaluator\.run .*;ThreadPoolExecutor\.submit"),
-    ("    concurrent.futures.wait", r"^Evaluator\.run .*;wait \(concurrent/futures/_base\.py"),
-    ("    CandidateScorer._on_result", r"^CandidateScorer\._on_result"),
-    ("  with_instructions (program deep copies)", r"^with_instructions \(dspy_opro/programs\.py"),
-    ("  propose (optimizer calls)", r"^propose \(dspy_opro/proposer\.py"),
+    ("  Batch.__iter__ dispatch loop", r"^Batch\.__iter__ \(dspy_opro/scoring/evaluator\.py"),
+    ("    _DaemonThreads.submit", r"^Batch\.__iter__ .*;_DaemonThreads\.submit"),
+    ("    concurrent.futures.wait", r"^Batch\.__iter__ .*;wait \(concurrent/futures/_base\.py"),
+    ("    ScoringEventRecorder.record", r"^ScoringEventRecorder\.record"),
+    ("  with_instructions (program deep copies)", r"^with_instructions \(dspy_opro/task/programs\.py"),
+    ("  propose (optimizer calls)", r"^propose \(dspy_opro/proposing/optimizer_calls\.py"),
     ("  OPRORun._result (candidate_programs)", r"^OPRORun\._result"),
 ]
 
@@ -641,13 +641,14 @@ def summarize_profile(raw: str) -> list[tuple[str, float]]:
 def phase_times(bench: Bench, threads: int) -> tuple[Result, list[tuple[str, float, int]]]:
     """One more OPRO run with OPRO's own phases timed (wall seconds, calls), by wrapping them for the run."""
     import dspy_opro.run as run_module
-    import dspy_opro.scoring.scorer as scoring_module
+    import dspy_opro.scoring.scorer as scorer_module
+    import dspy_opro.scoring_events as events_module
 
     timings: dict[str, list[float]] = {}
     targets = [
-        ("Evaluator.run: the scoring phases (requests included)", scoring_module.Evaluator, "run"),
-        ("  CandidateScorer._on_result (main thread, per evaluation)", scoring_module.CandidateScorer, "_on_result"),
-        ("  with_instructions (a program copy per candidate)", run_module, "with_instructions"),
+        ("OPRORun._score: the scoring phases (requests included)", run_module.OPRORun, "_score"),
+        ("  ScoringEventRecorder.record (main thread, per event)", events_module.ScoringEventRecorder, "record"),
+        ("  with_instructions (a program copy per candidate)", scorer_module, "with_instructions"),
         ("propose: the proposal phases (requests included)", run_module, "propose"),
         ("gen_meta_prompt", run_module, "gen_meta_prompt"),
         ("OPRORun._triage", run_module.OPRORun, "_triage"),

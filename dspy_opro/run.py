@@ -12,7 +12,8 @@ its recorder, the scorer and the budget), and :meth:`OPRORun.execute` reads as t
 
 Data flows one way. :mod:`dspy_opro.proposing` builds the step's inputs and proposals; :mod:`dspy_opro.scoring`
 returns the events of each scoring phase (every finished evaluation, then each candidate's outcome), and this loop
-records them: on the candidates, in the journal (:mod:`dspy_opro.record`), in the usage and on the progress bar.
+records them through its :class:`~dspy_opro.scoring_events.ScoringEventRecorder`: on the candidates, in the journal
+(:mod:`dspy_opro.record`), in the usage and on the progress bar.
 Nothing below this module imports it. The extensions come in through the policies the configuration builds and
 through the metric (label-free OPRO's :class:`~dspy_opro.scoring.evaluation.AnchoredMetric`).
 """
@@ -24,14 +25,13 @@ import logging
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import dspy
 
 from dspy_opro.compat import user_stacklevel
 from dspy_opro.config import OPROConfig
 from dspy_opro.errors import (
-    FatalLMError,
     MetricError,
     OPRORunError,
     OptimizerUnavailableError,
@@ -40,10 +40,10 @@ from dspy_opro.errors import (
 )
 from dspy_opro.plan import RunPlan, initial_count, plan_run, use_local_price_maps_offline
 from dspy_opro.proposing.initial import initial_by_predictor, initial_candidates
-from dspy_opro.proposing.meta_prompt import gen_meta_prompt, instruction_md5
+from dspy_opro.proposing.meta_prompt import gen_meta_prompt
 from dspy_opro.proposing.optimizer_calls import propose
 from dspy_opro.proposing.step_inputs import ExemplarPicker, predictor_history
-from dspy_opro.proposing.triage import triage_replies
+from dspy_opro.proposing.triage import step_candidates
 from dspy_opro.record.observers import CandidateReports, CandidateSpans
 from dspy_opro.record.progress import Progress, evaluations_due, import_litellm_announced, phase_name
 from dspy_opro.record.recorder import RunRecorder
@@ -52,9 +52,7 @@ from dspy_opro.record.state import (
     Candidate,
     CandidateStatus,
     Fingerprint,
-    ModelUsage,
     Phase,
-    Reply,
     RunState,
     Session,
     Split,
@@ -62,13 +60,13 @@ from dspy_opro.record.state import (
     digest,
     no_scores,
     ranked_candidates,
-    record_result,
 )
 from dspy_opro.record.summary import CandidateList, attach
-from dspy_opro.scoring.evaluation import AnchoredMetric, ExampleResult, metric_takes_trace
+from dspy_opro.scoring.evaluation import AnchoredMetric, metric_takes_trace
 from dspy_opro.scoring.evaluator import Budget, Evaluator
-from dspy_opro.scoring.scorer import CandidateOutcome, CandidateScorer, EvaluationSetup, ScoringEvent
-from dspy_opro.scoring.usage import roll_up, token_prices
+from dspy_opro.scoring.scorer import CandidateScorer, EvaluationSetup
+from dspy_opro.scoring.usage import token_prices
+from dspy_opro.scoring_events import ScoringEventRecorder, split_of
 from dspy_opro.task.data import RunData
 from dspy_opro.task.placement import AFTER_INPUTS
 from dspy_opro.task.programs import predictor_map, read_instructions
@@ -127,7 +125,7 @@ class OPRORun:
             if self.anchored is not None:  # a resumed run judges against the anchors it recorded
                 for key, text in self.state.anchors.items():
                     split, index = key.split(":")
-                    self.anchored.add_anchor(self.data.examples(_split(split))[int(index)], text)
+                    self.anchored.add_anchor(self.data.examples(split_of(split))[int(index)], text)
             self.evaluator = Evaluator(num_threads=self.num_threads, executor=config.executor, timeout=config.timeout)
             # Each candidate's scoring is a span its evaluations run under, and is reported to DSPy's callbacks.
             self.spans = CandidateSpans()
@@ -146,8 +144,10 @@ class OPRORun:
             self.recorder.close()
             raise
         self.progress = Progress(display=config.display_progress)
-        self._warned: set[tuple[str, int]] = set()  # (split, candidate id) whose program errors were logged
-        self.errors_this_compile = 0  # the errors max_errors counts, in this compile
+        self.events = ScoringEventRecorder(
+            state=self.state, recorder=self.recorder, data=self.data, setup=setup, models=self.models,
+            max_errors=config.max_errors, failure_score=config.failure_score, anchored=self.anchored,
+            progress=self.progress, spans=self.spans, reports=self.reports, caller_tracker=self.caller_tracker)
 
     def _new_record(self, fingerprint: Fingerprint) -> RunState:
         """A fresh run record: the program as given is candidate 0, its initial instructions follow (all step -1)."""
@@ -192,7 +192,7 @@ class OPRORun:
             return self._result()
         except BaseException as exc:
             # Ctrl-C, a fatal LM error or a broken metric: keep what was paid for before the error propagates.
-            self._keep_finished()
+            self.events.keep_finished(self.evaluator.take_finished())
             self._end_session("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
             self.recorder.end(state, exc)
             raise
@@ -205,19 +205,6 @@ class OPRORun:
         """The run's plan in LM calls (the same as ``OPROTeleprompter.estimate`` returns)."""
         return plan_run(self.config, self.models, self.data, self.selection,
                         initial=initial_count(self.config, self.base, self.data), ignores_n=self.ignores_n)
-
-    def _keep_finished(self) -> None:
-        """Record the evaluations that finished while the run was stopping (never consumed), so none is bought
-        again; a result that cannot be recorded is left for the next compile to run again."""
-        for result in self.evaluator.take_finished():
-            candidate = self.state.candidates[result.candidate_id]
-            scores = candidate.scores if result.split == "train" else candidate.val_scores
-            if result.outcome not in ("ok", "failed", "infra") or not scores or scores[result.index] is not None:
-                continue
-            try:
-                self._record_result(result)
-            except Exception as exc:  # never hide the error that stopped the run
-                logger.warning("Could not record a finished evaluation while stopping: %s", exc)
 
     def _announce(self) -> None:
         config, n_train = self.config, len(self.data.trainset)
@@ -374,7 +361,7 @@ class OPRORun:
                                     seed=config.seed, temperature=config.temperature, max_tokens=config.max_tokens,
                                     num_threads=self.num_threads, ignores_n=self.ignores_n,
                                     cost_left=self._cost_left())
-            self._record_usage("optimizer", proposals.usage)
+            self.events.record_usage("optimizer", proposals.usage)
             if proposals.usage_undercount is not None:
                 state.optimizer_usage_undercount.setdefault(getattr(self.models.prompt, "model", "optimizer"),
                                                             proposals.usage_undercount)
@@ -464,31 +451,15 @@ class OPRORun:
             raise OPRORunError(f"the optimizer model returned no reply in {empty} steps in a row; last error: {last}")
 
     def _triage(self, record: Step, replies: list[str]) -> None:
-        """Extract, polish and de-duplicate the replies (:func:`triage_replies`); new ones become pending candidates."""
-        config, state = self.config, self.state
-        predictor = record.predictor
-        seen = {instruction_md5(state.candidates[START_ID].instructions[predictor]): START_ID}
-        for candidate in state.candidates:  # initial instructions included; the first of equal md5s is the one named
-            if candidate.predictor == predictor:
-                seen.setdefault(candidate.md5, candidate.id)
-        best = state.best() or state.candidates[START_ID]
-        for verdict in triage_replies(replies, seen, optimizer_family=config.optimizer_family,
-                                      instruction_pos=config.instruction_pos, meta_prompt_type=config.meta_prompt_type,
-                                      max_instruction_chars=config.max_instruction_chars):
-            text, instruction, fate, reason = verdict.text, verdict.instruction, verdict.fate, verdict.reason
-            if instruction is None or verdict.md5 is None or fate == "duplicate":
-                record.replies.append(Reply(text=text, instruction=instruction, fate=fate, unclosed=verdict.unclosed,
-                                            candidate_id=seen.get(verdict.md5) if verdict.md5 else None))
-                continue
-            status = CandidateStatus.SKIPPED if fate not in ("new", "unclosed") else CandidateStatus.PENDING
-            candidate = Candidate(id=len(state.candidates), step=record.step, predictor=predictor,
-                                  instruction=instruction, instructions={**best.instructions, predictor: instruction},
-                                  md5=verdict.md5, status=status, reason=reason,
-                                  scores=[] if reason else [None] * len(self.data.trainset))
-            state.candidates.append(candidate)
-            seen[verdict.md5] = candidate.id
-            record.replies.append(Reply(text=text, instruction=instruction, fate=fate, unclosed=verdict.unclosed,
-                                        candidate_id=candidate.id))
+        """Triage the replies (:func:`step_candidates`): the step's reply records, and its new candidates."""
+        config = self.config
+        records, new = step_candidates(record, replies, self.state, n_train=len(self.data.trainset),
+                                       optimizer_family=config.optimizer_family,
+                                       instruction_pos=config.instruction_pos,
+                                       meta_prompt_type=config.meta_prompt_type,
+                                       max_instruction_chars=config.max_instruction_chars)
+        record.replies += records
+        self.state.candidates += new
 
     # ------------------------------------------------------------------------------------------------------------
     # Scoring and recording what it returns
@@ -496,7 +467,7 @@ class OPRORun:
     def _score(self, candidates: list[Candidate], split: Split, *, baseline: Candidate | None = None,
                decided: Sequence[Candidate] = ()) -> None:
         """One scoring phase: every event the scorer returns is recorded as it arrives."""
-        self._show_best()
+        self.events.show_best()
         n = len(self.data.examples(split))
         if split == "val":
             for candidate in candidates:
@@ -509,144 +480,13 @@ class OPRORun:
         phase = self.scorer.score(candidates, split, baseline=baseline, decided=decided)
         try:
             for event in phase:
-                self._record(event)
+                self.events.record(event)
         finally:
             self.spans.end_all()
             self.progress.end_phase()
         if phase.stop_reason is not None:
             self._stop(phase.stop_reason)
             self._save()
-
-    def _record(self, event: ScoringEvent) -> None:
-        if isinstance(event, CandidateOutcome):
-            self._record_outcome(event)
-        else:
-            self._record_result(event)
-
-    def _record_result(self, result: ExampleResult) -> None:
-        """One finished evaluation: its usage, the run's count, the journal, then the candidate.
-
-        A fatal LM error or a broken metric stops the run here (``execute`` saves what was paid for).
-        """
-        state = self.state
-        candidate = state.candidates[result.candidate_id]
-        self._record_usage("task", result.usage)
-        if result.outcome == "fatal":
-            role, model = self._failing_model(result)
-            raise FatalLMError(f"the {role} {model!r} failed in a way no retry can fix on "
-                               f"{self._describe_failure(result)}. Check its API key (or environment variable), "
-                               "permissions, billing and model name.")
-        state.metric_calls += 1  # the one count of evaluations that ran (a fatal one did not)
-        if result.outcome == "not_a_prediction":
-            name = type(self.base).__name__
-            raise ProgramError(
-                f"the program {name} {result.error} on {self._describe_failure(result, error=False)}, not a "
-                f"dspy.Prediction: no instruction can fix that. Make {name}.forward return the prediction of its "
-                "last predictor (e.g. `return self.predict(question=question)`) or dspy.Prediction(answer=...).")
-        if result.counted:
-            self._count_error(result)
-        self.progress.advance()
-        if result.anchor is not None and self.anchored is not None:
-            state.anchors[f"{result.split}:{result.index}"] = result.anchor
-            self.anchored.add_anchor(self.data.examples(_split(result.split))[result.index], result.anchor)
-        # A tolerated metric error is recorded as a program error is: it scored failure_score, the error is kept.
-        outcome = "failed" if result.outcome == "metric_error" else result.outcome
-        error = f"metric: {result.error}" if result.outcome == "metric_error" else result.error
-        self.recorder.journal(candidate, index=result.index, split=result.split, outcome=outcome,
-                              score=result.score, error=error, answer=result.answer, usage=result.usage,
-                              anchor=result.anchor, count=state.metric_calls)
-        record_result(candidate, index=result.index, split=result.split, outcome=outcome, score=result.score,
-                      error=error, answer=result.answer)
-
-    def _count_error(self, result: ExampleResult) -> None:
-        """One error ``max_errors`` counts: logged and recorded; past the limit the run stops (``execute`` saves)."""
-        state, limit = self.state, self.config.max_errors
-        self.errors_this_compile += 1
-        state.tolerated_errors += 1
-        where = "metric" if result.outcome == "metric_error" else "program"
-        if limit is not None and self.errors_this_compile > limit:
-            state.tolerated_errors -= 1  # this one is not tolerated: it stops the run
-            if where == "metric":
-                raise MetricError(
-                    f"the metric failed on {self._describe_failure(result)}, error {self.errors_this_compile} of this "
-                    f"compile, more than max_errors={limit}. Fix the metric: it must return a float in [0, 1], a bool, "
-                    "or dspy.Prediction(score=..., feedback=...); then compile again with the same log_dir.")
-            raise ProgramError(
-                f"the program raised on {self._describe_failure(result)}, error {self.errors_this_compile} of this "
-                f"compile, more than max_errors={limit}. Fix the program (call it on that example to see the "
-                "traceback), or raise max_errors; then compile again with the same log_dir.")
-        logger.warning("Tolerated %s error %d of max_errors=%s (scored failure_score=%g) on %s", where,
-                       self.errors_this_compile, limit, self.config.failure_score, self._describe_failure(result))
-
-    def _record_outcome(self, outcome: CandidateOutcome) -> None:
-        """A candidate whose scoring on a split ended: its status and mean, or why it has none."""
-        candidate = self.state.candidates[outcome.candidate_id]
-        self._warn_program_errors(candidate, outcome.split)
-        self._observe(candidate, outcome)
-        if outcome.split == "val":
-            candidate.val_score = outcome.score
-        else:
-            assert outcome.status is not None
-            candidate.status, candidate.score, candidate.reason = outcome.status, outcome.score, outcome.reason
-            if outcome.race is not None:
-                candidate.race = outcome.race
-            candidate.failed.sort()
-            if outcome.status == CandidateStatus.RACED_OUT:
-                logger.info("Candidate %d %s (partial mean %.1f)", candidate.id, candidate.reason,
-                            100 * (candidate.score or 0.0))
-            elif outcome.status == CandidateStatus.UNSCORED:
-                logger.info("Candidate %d unscored: %s", candidate.id, candidate.reason)
-        self._show_best()
-
-    def _observe(self, candidate: Candidate, outcome: CandidateOutcome) -> None:
-        """End the candidate's span; report a candidate scored on every example to DSPy's evaluation callbacks."""
-        if outcome.status is not None:
-            status = CandidateStatus(outcome.status).value
-        else:  # a validation scoring: complete or not
-            status = "scored" if outcome.score is not None else "unscored"
-        self.spans.end(outcome.split, candidate.id, status=status, score=outcome.score)
-        if outcome.score is None or (outcome.split == "train" and outcome.status != CandidateStatus.SCORED):
-            return
-        scores = candidate.val_scores if outcome.split == "val" else candidate.scores
-        self.reports.report(lambda: self.setup.program(candidate), split=outcome.split, scores=scores or [])
-
-    def _failing_model(self, result: ExampleResult) -> tuple[str, str]:
-        """Which model a fatal error came from: the task model, the label-free judge, or the metric's own LM."""
-        if result.stage == "program":
-            return "task model", getattr(self.models.task, "model", repr(self.models.task))
-        if self.anchored is not None:
-            judge = self.models.judge or self.models.task
-            return "judge model", getattr(judge, "model", repr(judge))
-        return "model inside the metric", result.model or "unknown"
-
-    def _describe_failure(self, result: ExampleResult, *, error: bool = True) -> str:
-        """A one-line description of a stopping failure that names the example (and the error)."""
-        example = self.data.examples(_split(result.split))[result.index]
-        shown = repr({key: example[key] for key in example.inputs().keys()})
-        if len(shown) > 200:
-            shown = shown[:200] + "..."
-        split = "training" if result.split == "train" else "validation"
-        return f"{split} example {result.index} ({shown})" + (f": {result.error}" if error else "")
-
-    def _warn_program_errors(self, candidate: Candidate, split: Split) -> None:
-        """One WARNING per candidate and split whose program raised: how often, and the first error."""
-        errors = [e for e in candidate.errors if e.split == split]
-        if not errors or (split, candidate.id) in self._warned:
-            return
-        self._warned.add((split, candidate.id))
-        first = errors[0]
-        logger.warning("Candidate %d: the program raised on %d %s evaluations (%d distinct errors); first, on "
-                       "example %d: %s", candidate.id, sum(e.count for e in errors),
-                       "training" if split == "train" else "validation", len(errors), first.example, first.error)
-
-    def _record_usage(self, role: Literal["optimizer", "task"], usage: dict[str, ModelUsage]) -> None:
-        self.state.usage.record(role, usage)
-        roll_up(self.caller_tracker, usage)
-
-    def _show_best(self) -> None:
-        best = self.state.best()
-        val = [c.val_score for c in self.state.candidates if c.val_score is not None]
-        self.progress.set_best(best.score if best is not None else None, max(val, default=None))
 
     def _save(self) -> None:
         self.recorder.save(self.state)
@@ -698,10 +538,6 @@ class OPRORun:
                            "extra input field, which DSPy's JSON save (program.save('x.json')) does not keep; save it "
                            "with program.save(folder, save_program=True) to keep it", self.config.instruction_pos)
         return program
-
-
-def _split(name: str) -> Split:
-    return "val" if name == "val" else "train"
 
 
 __all__ = ["OPRORun"]

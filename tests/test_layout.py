@@ -28,7 +28,7 @@ def test_each_subpackage_says_what_it_owns_and_what_it_may_import(subpackage):
 def test_the_top_level_is_small():
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert top == ["__init__.py", "__main__.py", "checks.py", "compat.py", "config.py", "errors.py", "plan.py",
-                   "run.py", "selection.py", "teleprompter.py"]
+                   "run.py", "scoring_events.py", "selection.py", "teleprompter.py"]
 
 
 _DEFAULT_COMPILE = """

@@ -240,3 +240,32 @@ def test_a_server_counting_only_the_first_choice_is_named_in_the_record(endpoint
                           f"that hold at least {request.completion_tokens}")
     assert sum(f"The optimizer model {OPT!r}: {why}." == r.getMessage() for r in caplog.records) == 1
     assert f"- Optimizer `{OPT}` under-reports its usage: its usage counted" in (tmp_path / REPORT_FILE).read_text()
+
+
+def test_step_candidates_reads_the_record_and_leaves_it_unchanged():
+    from dspy_opro.proposing.meta_prompt import instruction_md5
+    from dspy_opro.proposing.triage import step_candidates
+    from dspy_opro.record.state import Candidate, Fingerprint, RunState, Step, digest
+
+    start = {"p": "Answer."}
+    state = RunState(fingerprint=Fingerprint(config="c", trainset="t", valset="v", program="p"), config={},
+                     predictors=["p"], train_size=2, val_size=0)
+    state.candidates = [
+        Candidate(id=0, step=-1, predictor=None, instruction="", instructions=start, md5=digest(start),
+                  scores=[1.0, 0.0], score=0.5, status="scored"),
+        Candidate(id=1, step=0, predictor="p", instruction="Be brief.", instructions={"p": "Be brief."},
+                  md5=instruction_md5("Be brief."), scores=[1.0, 1.0], score=1.0, status="scored"),
+    ]
+    before = state.model_dump_json()
+    records, new = step_candidates(
+        Step(step=1, predictor="p", exemplar_indices=[], meta_prompt="", temperature=1.0),
+        ["<INS>Answer.</INS>", "<INS>Be brief.</INS>", "<INS>Show work.</INS>", "<INS>Use INS tags.</INS>"],
+        state, n_train=2, optimizer_family="gpt", instruction_pos="Q_begin",
+        meta_prompt_type="both_instructions_and_exemplars", max_instruction_chars=None)
+    assert state.model_dump_json() == before
+    assert [(r.fate, r.candidate_id) for r in records] == [("duplicate", 0), ("duplicate", 1), ("new", 2),
+                                                           ("contains_ins", 3)]
+    assert [(c.id, c.step, c.status, c.instructions, c.scores) for c in new] == [
+        (2, 1, "pending", {"p": "Show work."}, [None, None]),
+        (3, 1, "skipped", {"p": "Use INS tags."}, []),
+    ]

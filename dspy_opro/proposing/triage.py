@@ -4,7 +4,8 @@ After every step the authors' loop extracts one instruction from each reply, pol
 was generated before (earlier in the step or in an earlier step; the check registers every instruction it sees,
 skipped ones included), and skips the survivors that fail their filters. :func:`triage_replies` does the same in
 sample order and says, per reply, what happened and why. It holds no state of the run: the caller passes the md5s
-it has seen and turns the verdicts into candidates. The differences from the authors' filters (empty
+it has seen. :func:`step_candidates` turns a step's verdicts into the step's reply records and new candidates
+without changing the record; the loop adds them. The differences from the authors' filters (empty
 instructions skipped, the 500-character limit opt-in, no gsm8k digit filter) are listed on the fidelity page.
 
 A reply that opens the tag the instruction is taken from (``<INS>``, ``<Start>``, ``[``, ``<TEXT>``) and never closes
@@ -28,6 +29,7 @@ from dspy_opro.proposing.meta_prompt import (
     instruction_md5,
     polish_sentence,
 )
+from dspy_opro.record.state import START_ID, Candidate, CandidateStatus, Reply, RunState, Step
 
 Fate = Literal["new", "unclosed", "duplicate", "no_instruction", "empty", "too_long", "contains_ins"]
 
@@ -128,4 +130,60 @@ def triage_replies(
     return verdicts
 
 
-__all__ = ["Verdict", "is_unclosed", "skip_reason", "triage_replies"]
+def step_candidates(
+    record: Step,
+    replies: Sequence[str],
+    state: RunState,
+    *,
+    n_train: int,
+    optimizer_family: str,
+    instruction_pos: str,
+    meta_prompt_type: str,
+    max_instruction_chars: int | None,
+) -> tuple[list[Reply], list[Candidate]]:
+    """A step's replies triaged against the record: the step's reply records and its new candidates.
+
+    The md5s seen are the step's predictor's instructions so far (the start's and every candidate's, initial
+    instructions included; the first of equal md5s is the one a duplicate names). A new instruction becomes a
+    candidate with the best candidate's instructions and this one for the step's predictor, pending (to be scored)
+    unless a filter skipped it. Nothing in ``state`` changes: the new candidates' ids follow its last one.
+
+    Args:
+        record: The step (its number and predictor).
+        replies: The optimizer's replies, in sample order.
+        state: The run record, read only.
+        n_train: Training examples (a pending candidate gets one empty score per example).
+        optimizer_family: As :func:`triage_replies`.
+        instruction_pos: As :func:`triage_replies`.
+        meta_prompt_type: As :func:`triage_replies`.
+        max_instruction_chars: As :func:`triage_replies`.
+    """
+    predictor = record.predictor
+    start = state.candidates[START_ID]
+    seen = {instruction_md5(start.instructions[predictor]): START_ID}
+    for candidate in state.candidates:
+        if candidate.predictor == predictor:
+            seen.setdefault(candidate.md5, candidate.id)
+    best = state.best() or start
+    records: list[Reply] = []
+    new: list[Candidate] = []
+    for verdict in triage_replies(replies, seen, optimizer_family=optimizer_family, instruction_pos=instruction_pos,
+                                  meta_prompt_type=meta_prompt_type, max_instruction_chars=max_instruction_chars):
+        text, instruction, fate, reason = verdict.text, verdict.instruction, verdict.fate, verdict.reason
+        if instruction is None or verdict.md5 is None or fate == "duplicate":
+            records.append(Reply(text=text, instruction=instruction, fate=fate, unclosed=verdict.unclosed,
+                                 candidate_id=seen.get(verdict.md5) if verdict.md5 else None))
+            continue
+        status = CandidateStatus.SKIPPED if fate not in ("new", "unclosed") else CandidateStatus.PENDING
+        candidate = Candidate(id=len(state.candidates) + len(new), step=record.step, predictor=predictor,
+                              instruction=instruction, instructions={**best.instructions, predictor: instruction},
+                              md5=verdict.md5, status=status, reason=reason,
+                              scores=[] if reason else [None] * n_train)
+        new.append(candidate)
+        seen[verdict.md5] = candidate.id
+        records.append(Reply(text=text, instruction=instruction, fate=fate, unclosed=verdict.unclosed,
+                             candidate_id=candidate.id))
+    return records, new
+
+
+__all__ = ["Verdict", "is_unclosed", "skip_reason", "step_candidates", "triage_replies"]
