@@ -373,7 +373,10 @@ class OPRORun:
                 proposals = propose(self.models.prompt, meta_prompt, num_candidates=config.candidates, step=step,
                                     seed=config.seed, temperature=config.temperature, max_tokens=config.max_tokens,
                                     num_threads=self.num_threads, ignores_n=self.ignores_n,
-                                    cost_left=self._cost_left())
+                                    cost_left=self._cost_left(),  # counts the received replies' cost as spent
+                                    received=self.recorder.received_replies(state, step, meta_prompt),
+                                    reply_log=self.recorder.reply_log(step, meta_prompt))
+            state.received_replies = None  # the step's record holds them from here on
             self._record_usage("optimizer", proposals.usage)
             if proposals.usage_undercount is not None:
                 state.optimizer_usage_undercount.setdefault(getattr(self.models.prompt, "model", "optimizer"),
