@@ -119,7 +119,7 @@ def usage(calls: int, prompt: int, completion: int, cost: float) -> dict[str, Mo
     return {OPT: ModelUsage(calls=calls, prompt_tokens=prompt, completion_tokens=completion, cost=cost)}
 
 
-def test_journaled_replies_are_replayed_onto_their_step_by_sample_and_counted_once(tmp_path, caplog):
+def test_journaled_replies_are_replayed_onto_their_step_by_sample_and_counted_once(tmp_path):
     recorder = RunRecorder(str(tmp_path), num_steps=3, max_metric_calls=None, max_cost=None)
     log = recorder.reply_log(1, META_PROMPT)
     assert log is not None
@@ -146,9 +146,21 @@ def test_journaled_replies_are_replayed_onto_their_step_by_sample_and_counted_on
     reader = RunRecorder(str(tmp_path), num_steps=3, max_metric_calls=None, max_cost=None)
     assert reader.received_replies(state, 1, META_PROMPT) == {0: "zeroth", 2: "second"}
     assert reader.received_replies(state, 2, META_PROMPT) == {}
+
+
+def test_replies_to_another_meta_prompt_are_ignored_with_a_warning_and_their_cost_stays_counted(tmp_path, caplog):
+    recorder = RunRecorder(str(tmp_path), num_steps=3, max_metric_calls=None, max_cost=None)
+    recorder.journal_replies(step=1, sample=0, meta_prompt_md5=meta_prompt_md5("an earlier meta-prompt"),
+                             replies=["a", "b"], usage=usage(1, 100, 20, 0.004))
+    recorder.close()
+    state = record_state(steps=1)
+    reader = RunRecorder(str(tmp_path), num_steps=3, max_metric_calls=None, max_cost=None)
+    reader._replay_journal(state)
     with caplog.at_level(logging.WARNING, logger="dspy_opro"):
-        assert reader.received_replies(state, 1, META_PROMPT + " changed") == {}
-    assert "2 optimizer replies received before the run was killed answered another meta-prompt" in caplog.text
+        assert reader.received_replies(state, 1, META_PROMPT) == {}
+    assert ("Step 1: the 2 optimizer replies received before the run was killed answered another meta-prompt"
+            in caplog.text)
+    assert state.usage.optimizer.calls == 1 and state.usage.total_cost == pytest.approx(0.004)  # it was paid
 
 
 def test_a_snapshot_before_the_step_is_recorded_keeps_its_journaled_replies(tmp_path):
