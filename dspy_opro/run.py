@@ -376,7 +376,8 @@ class OPRORun:
                                     cost_left=self._cost_left(),  # counts the received replies' cost as spent
                                     received=self.recorder.received_replies(state, step, meta_prompt),
                                     reply_log=self.recorder.reply_log(step, meta_prompt))
-            state.received_replies = None  # the step's record holds them from here on
+            # Until the step is recorded, a snapshot (Ctrl-C, an error) holds its replies beside their usage.
+            self.recorder.keep_replies(state, step, meta_prompt, proposals.by_sample)
             self._record_usage("optimizer", proposals.usage)
             if proposals.usage_undercount is not None:
                 state.optimizer_usage_undercount.setdefault(getattr(self.models.prompt, "model", "optimizer"),

@@ -17,14 +17,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dspy
 import pytest
 
+from dspy_opro import OPROTeleprompter
 from dspy_opro.errors import StateFileError
 from dspy_opro.proposing.optimizer_calls import propose
 from dspy_opro.record.files import PROGRESS_FILE, ProgressJournal, load_state
 from dspy_opro.record.recorder import RunRecorder, meta_prompt_md5
 from dspy_opro.record.state import Fingerprint, ModelUsage, ReceivedReplies, RunState, Step
-from dspy_opro.testing import FaultConfig, SimulatedEndpoint
+from dspy_opro.run import OPRORun
+from dspy_opro.testing import FaultConfig, SimulatedEndpoint, simulated_dataset, simulated_metric
 from dspy_opro.testing.simulated import simulated_reply
 from tests.kill_job import OPTIMIZER, build, datasets
 
@@ -178,6 +181,43 @@ def test_a_snapshot_before_the_step_is_recorded_keeps_its_journaled_replies(tmp_
     recorder.save(state)  # the step is recorded: its replies are in the snapshot
     assert ProgressJournal.read(tmp_path) == []
     recorder.close()
+
+
+def test_ctrl_c_after_an_n_request_answered_keeps_its_choices_and_the_resumed_step_asks_nothing(endpoint, tmp_path,
+                                                                                               monkeypatch):
+    # The window between an n request's answer and the step's snapshot: Ctrl-C there saves state.json (which does
+    # not hold the step yet), and the journal keeps the request's choices.
+    real_triage, interrupted = OPRORun._triage, []
+
+    def interrupt_once(self, record, replies):
+        if not interrupted:
+            interrupted.append(len(replies))
+            raise KeyboardInterrupt
+        return real_triage(self, record, replies)
+
+    monkeypatch.setattr(OPRORun, "_triage", interrupt_once)
+
+    def compile_run():
+        teleprompter = OPROTeleprompter(simulated_metric, prompt_model=endpoint.lm(OPT, num_retries=0),
+                                        task_model=endpoint.lm("openai/sim-task", num_retries=0), num_steps=1,
+                                        num_candidates=4, num_threads=1, log_dir=str(tmp_path))
+        return teleprompter.compile(dspy.Predict("question -> answer"), trainset=simulated_dataset(3)).opro_run
+
+    with pytest.raises(KeyboardInterrupt):
+        compile_run()
+    assert interrupted == [4]
+    saved = load_state(tmp_path)
+    assert saved is not None and saved.status == "interrupted" and saved.steps == []
+    assert [(entry["k"], entry["n"], len(entry["r"])) for entry in ProgressJournal.read(tmp_path)] == [("reply", 0, 4)]
+    run = compile_run()
+    (served,) = opro(endpoint, status=None)  # the one n request: the resumed step asked nothing
+    assert (served.n, served.status, served.choices) == (4, 200, 4)
+    assert [reply.text for reply in run.steps[0].replies] == [
+        simulated_reply(served.messages, sample=sample, seed=endpoint.seed)[1] for sample in range(4)]
+    optimizer = run.usage.optimizer
+    assert (optimizer.calls, optimizer.prompt_tokens, optimizer.completion_tokens) == (
+        1, served.prompt_tokens, served.completion_tokens)
+    assert run.received_replies is None and run.status == "finished"
 
 
 GOOD = {"k": "reply", "step": 1, "n": 0, "d": "0123abcd", "r": ["text"], "u": {}}

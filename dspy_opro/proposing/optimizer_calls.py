@@ -80,6 +80,7 @@ class Proposals:
     """What one step's optimizer calls returned."""
 
     replies: list[str] = field(default_factory=list)  # in sample order (received ones too), failed samples left out
+    by_sample: dict[int, str] = field(default_factory=dict)  # the same replies by sample number
     failed_calls: int = 0
     errors: list[str] = field(default_factory=list)  # the last error of each failed call
     usage: dict[str, ModelUsage] = field(default_factory=dict)
@@ -356,5 +357,6 @@ def propose(
         n_request(num_candidates)
     else:
         single_choices(list(range(num_candidates)))
-    proposals.replies = [by_sample[sample] for sample in sorted(by_sample)]
+    proposals.by_sample = dict(sorted(by_sample.items()))
+    proposals.replies = list(proposals.by_sample.values())
     return proposals

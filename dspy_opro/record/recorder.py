@@ -217,6 +217,14 @@ class RunRecorder:
         return dict(kept.replies)
 
     @staticmethod
+    def keep_replies(state: RunState, step: int, meta_prompt: str, replies: dict[int, str]) -> None:
+        """Keep ``step``'s replies, whose usage the run has just counted, in the record until the step is recorded
+        (:meth:`save` then drops them): a snapshot taken in between holds them with their usage, and the journal's
+        copies of them are not counted again."""
+        state.received_replies = ReceivedReplies(step=step, meta_prompt_md5=meta_prompt_md5(meta_prompt),
+                                                 replies=dict(replies))
+
+    @staticmethod
     def _retries_outage(state: RunState) -> bool:
         """Whether a finished run is opened again to score the candidates an outage left unscored."""
         return state.status == "finished" and any(infrastructure_unscored(c) for c in state.candidates)
@@ -309,6 +317,8 @@ class RunRecorder:
     def save(self, state: RunState, *, final: bool = False) -> None:
         """Write ``state.json`` (and, when ``final``, ``report.md`` and the plot); the journal starts afresh, with
         the replies journaled for a step the record does not hold yet."""
+        if state.received_replies is not None and state.received_replies.step < len(state.steps):
+            state.received_replies = None  # the step's record holds them
         if not self.log_dir:
             return
         try:
