@@ -273,10 +273,12 @@ class Step(BaseModel):
 
 
 class ReceivedReplies(BaseModel):
-    """The optimizer replies a step had received when the run was killed during its optimizer calls.
+    """The optimizer replies of a step the record does not hold yet, with their usage counted in the record.
 
-    Replayed from the journal (each reply is journaled as it arrives); the resumed run hands them to the step's
-    optimizer calls, which ask only for the samples not among them. Cleared when the step is recorded.
+    Replayed from the journal (each reply is journaled as it arrives) after a kill during the step's optimizer
+    calls, or kept between those calls and the step's record (a snapshot then, at Ctrl-C or an error, holds them).
+    The resumed run hands them to the step's optimizer calls, which ask only for the samples not among them.
+    Cleared when the step is recorded.
     """
 
     step: int
@@ -380,7 +382,7 @@ class RunState(BaseModel):
     only the first of `n` choices), by model name, with the first such finding: their recorded tokens and cost are
     too low."""
     received_replies: ReceivedReplies | None = None
-    """The optimizer replies received by a step whose optimizer calls a kill interrupted (from the journal), until
+    """The optimizer replies received by a step not yet recorded (one a kill, Ctrl-C or an error interrupted), until
     the step is recorded; None otherwise."""
     anchors: dict[str, str] = Field(default_factory=dict)
     """Label-free OPRO: the starting program's trajectory on each example (`"split:index"`), judged against."""
