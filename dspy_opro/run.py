@@ -360,7 +360,11 @@ class OPRORun:
                 proposals = propose(self.models.prompt, meta_prompt, num_candidates=config.candidates, step=step,
                                     seed=config.seed, temperature=config.temperature, max_tokens=config.max_tokens,
                                     num_threads=self.num_threads, ignores_n=self.ignores_n,
-                                    cost_left=self._cost_left())
+                                    cost_left=self._cost_left(),  # counts the received replies' cost as spent
+                                    received=self.recorder.received_replies(state, step, meta_prompt),
+                                    reply_log=self.recorder.reply_log(step, meta_prompt))
+            # Until the step is recorded, a snapshot (Ctrl-C, an error) holds its replies beside their usage.
+            self.recorder.keep_replies(state, step, meta_prompt, proposals.by_sample)
             self.events.record_usage("optimizer", proposals.usage)
             if proposals.usage_undercount is not None:
                 state.optimizer_usage_undercount.setdefault(getattr(self.models.prompt, "model", "optimizer"),

@@ -3,7 +3,8 @@
 ``python -m tests.kill_job BASE_URL LOG_DIR SCENARIO MODEL SPLIT KILL_AT [OPTIONS_JSON]`` runs :func:`build`'s
 compile (with the settings of OPTIONS_JSON over the scenario's) and kills the process right after the KILL_AT-th
 answered request of MODEL whose prompt holds a question of SPLIT (``train``, ``val`` or ``any``): the answer was
-paid for, the evaluation it belongs to is never recorded.
+paid for, the evaluation it belongs to is never recorded. SPLIT ``all`` counts every answered request of MODEL (the
+optimizer's meta-prompts: the reply is killed before the run journals it).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     # The optimizer's worst case (n x max_tokens at its price) is bounded before each request: a cheap optimizer and
     # a small max_tokens leave the budget to be met by the evaluations, whose overshoot across kills is the subject.
     "budget": {"max_cost": 0.0004, "max_tokens": 10, "prompt_model": TASK},
+    # Eight proposals a step, asked one choice at a time (the test's endpoint refuses n > 1, as llama-server with one
+    # slot does), one request in flight at a time: a kill among them is the subject.
+    "single_choice": {"num_candidates": 8},
 }
 
 
@@ -46,8 +50,9 @@ def build(base_url: str, log_dir: str, scenario: str, **overrides: Any) -> tuple
     metric: Any = simulated_metric
     if options.pop("label_free", False):
         metric = PairwisePreference(judge_model=dspy.LM(JUDGE, **connection))
+    candidates = options.pop("num_candidates", 2)
     teleprompter = OPROTeleprompter(metric, prompt_model=dspy.LM(optimizer, **connection),
-                                    task_model=dspy.LM(TASK, **connection), num_candidates=2, log_dir=log_dir,
+                                    task_model=dspy.LM(TASK, **connection), num_candidates=candidates, log_dir=log_dir,
                                     **options)
     return teleprompter, dspy.Predict("question -> answer")
 
@@ -77,7 +82,9 @@ if __name__ == "__main__":
     base_url, log_dir, scenario, model, split, kill_at = sys.argv[1:7]
     overrides = json.loads(sys.argv[7]) if len(sys.argv) > 7 else {}
     trainset, valset = datasets()
-    questions = [e.question for e in {"train": trainset, "val": valset, "any": trainset + valset}[split]]
+    questions = [e.question for e in {"train": trainset, "val": valset, "any": trainset + valset}.get(split, [])]
+    if split == "all":  # every answered request of the model (the optimizer's meta-prompts)
+        questions = [""]
     teleprompter, program = build(base_url, log_dir, scenario, **overrides)
     with dspy.context(callbacks=[KillAt(model, questions, int(kill_at))]):
         teleprompter.compile(program, trainset=trainset, valset=valset)

@@ -24,6 +24,12 @@ each try, its cost is bounded by the meta-prompt's tokens at the model's input p
 output price (:func:`request_cost_bound`), and the bound is reserved from the money left. An ``n`` request that
 does not fit asks for the largest ``n`` that does; single-choice requests that do not fit are not sent. What was
 not sent is counted in :attr:`Proposals.skipped_calls` with the reason, logged at WARNING.
+
+Each request's replies are handed, as the request returns, to a ``reply_log`` (:class:`ReplyLog`: the run's journal)
+with what the request cost. A step resumed after a kill passes the replies already ``received`` by sample: only the
+other samples are asked for, as single-choice requests with the rollout ids they had (an ``n`` request journals all
+its choices at once, so a step with some replies but not all was asking one choice at a time), and the result holds
+all of them in sample order, with the usage of the new requests only.
 """
 
 from __future__ import annotations
@@ -32,9 +38,9 @@ import concurrent.futures as cf
 import logging
 import math
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import dspy
 
@@ -62,11 +68,19 @@ def rollout_id(seed: int, step: int, sample: int) -> int:
     return seed * _SEED_SPAN + (step + 1) * _STEP_SPAN + sample
 
 
+class ReplyLog(Protocol):
+    """Records each optimizer request's replies as they arrive (the run journals them)."""
+
+    def record(self, sample: int, replies: list[str], usage: dict[str, ModelUsage]) -> None:
+        """One request's replies: its choices, the first being ``sample``; ``usage`` is what the request cost."""
+
+
 @dataclass
 class Proposals:
     """What one step's optimizer calls returned."""
 
-    replies: list[str] = field(default_factory=list)  # in sample order, failed samples left out
+    replies: list[str] = field(default_factory=list)  # in sample order (received ones too), failed samples left out
+    by_sample: dict[int, str] = field(default_factory=dict)  # the same replies by sample number
     failed_calls: int = 0
     errors: list[str] = field(default_factory=list)  # the last error of each failed call
     usage: dict[str, ModelUsage] = field(default_factory=dict)
@@ -223,6 +237,8 @@ def propose(
     num_threads: int,
     ignores_n: set[str] | None = None,
     cost_left: float | None = None,
+    received: Mapping[int, str] | None = None,
+    reply_log: ReplyLog | None = None,
 ) -> Proposals:
     """Ask for ``num_candidates`` completions of ``meta_prompt`` and collect the replies in sample order.
 
@@ -231,9 +247,13 @@ def propose(
             is added to it (and named, with why, in the result's ``single_choice``).
         cost_left: USD left under ``max_cost`` (None: no limit). No request is sent whose worst-case cost
             (:func:`request_cost_bound`) does not fit; a model without a known price is not limited.
+        received: Replies already received for this step, by sample (a run killed during its optimizer calls):
+            only the other samples are asked for, and the result holds these too (their usage is not counted again).
+        reply_log: Records each request's replies as the request returns, with its usage.
     """
     context = current_context()  # worker threads make the calls under the caller's DSPy settings
     proposals = Proposals()
+    by_sample = {sample: text for sample, text in (received or {}).items() if 0 <= sample < num_candidates}
     model = getattr(lm, "model", repr(lm))
     prices = token_prices(model) if cost_left is not None else None
     reserve = CostReserve(cost_left if prices is not None else None)
@@ -257,18 +277,24 @@ def propose(
                 f"${bound(n):.6f} ({prompt_tokens} prompt tokens at most, {n} x max_tokens={max_tokens} completion "
                 f"tokens), more than the ${left:.6f} left")
 
+    def arrived(sample: int, result: _CallResult, n: int) -> _CallResult:
+        """Journal a request's replies as it returns (on this thread: the journal is written by one thread)."""
+        if reply_log is not None and result.outputs is not None:
+            reply_log.record(sample, [_reply_text(output) for output in result.outputs[:n]], result.usage)
+        return result
+
     def collect(samples: list[int], n: int) -> list[_CallResult]:
         """Run one call per sample (in parallel), account for them, return their results in sample order."""
         results: dict[int, _CallResult] = {}
         workers = max(1, min(num_threads, len(samples)))
         if workers == 1:
             for sample in samples:
-                results[sample] = call(sample, n)
+                results[sample] = arrived(sample, call(sample, n), n)
         else:
             with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="opro-propose") as pool:
                 futures = {pool.submit(call, sample, n): sample for sample in samples}
                 for future in cf.as_completed(futures):
-                    results[futures[future]] = future.result()
+                    results[futures[future]] = arrived(futures[future], future.result(), n)
         in_order = [results[sample] for sample in samples]
         over = 0
         for result in in_order:
@@ -287,9 +313,9 @@ def propose(
         return in_order
 
     def single_choices(samples: list[int]) -> None:
-        for result in collect(samples, 1):
+        for sample, result in zip(samples, collect(samples, 1), strict=True):
             if result.outputs is not None:
-                proposals.replies.extend(_reply_text(output) for output in result.outputs[:1])
+                by_sample[sample] = _reply_text(result.outputs[0])
 
     def ask_one_at_a_time(why: str, samples: list[int]) -> None:
         if ignores_n is not None:
@@ -297,15 +323,14 @@ def propose(
         proposals.single_choice = why
         single_choices(samples)
 
-    if num_candidates > 1 and honours_n(lm, ignores_n):
-        n = num_candidates
+    def n_request(n: int) -> None:
         if reserve.left is not None and bound(n) > reserve.left:
             room = reserve.left - bound(0)
             fits = max(0, min(n, math.floor(room / (max_tokens * prices[1])) if prices and prices[1] > 0 else n))
             skip(n - fits, over_budget_reason(n))
             n = fits
         if n == 0:
-            return proposals
+            return
         (result,) = collect([0], n)
         if result.n_refused:
             why = f"it refused a request for {n} choices: {result.error}"
@@ -318,13 +343,20 @@ def propose(
             proposals.usage_undercount = usage_undercount(outputs, result.usage)
             if proposals.usage_undercount is not None:
                 logger.warning("The optimizer model %r: %s.", model, proposals.usage_undercount)
-            proposals.replies.extend(_reply_text(output) for output in outputs[:n])
+            by_sample.update((sample, _reply_text(output)) for sample, output in enumerate(outputs[:n]))
             if n > 1 and len(outputs) < n:
                 why = f"it answered a request for {n} choices with {len(outputs)}"
                 logger.warning("The optimizer model %r answered a request for %d choices with %d: it does not honour "
                                "n. Asking for the other %d with single-choice requests, and from now on for all.",
                                model, n, len(outputs), n - len(outputs))
                 ask_one_at_a_time(why, list(range(len(outputs), n)))
-        return proposals
-    single_choices(list(range(num_candidates)))
+
+    if by_sample:  # a resumed step: the samples not yet received, one choice each, as the killed run was asking
+        single_choices([sample for sample in range(num_candidates) if sample not in by_sample])
+    elif num_candidates > 1 and honours_n(lm, ignores_n):
+        n_request(num_candidates)
+    else:
+        single_choices(list(range(num_candidates)))
+    proposals.by_sample = dict(sorted(by_sample.items()))
+    proposals.replies = list(proposals.by_sample.values())
     return proposals

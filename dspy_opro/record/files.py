@@ -8,7 +8,9 @@ moment loses nothing paid for (:mod:`dspy_opro.record.recorder` decides when to 
   damaged file is reported as corrupt (:class:`StateFileError`), never taken for a fresh start;
 * ``progress.jsonl`` journals every finished evaluation between two snapshots, with the candidate's instruction
   digest and the usage it cost; on resume the entries are replayed into the snapshot (an entry whose digest does
-  not match its candidate is ignored), so a SIGKILL repeats at most the evaluations in flight;
+  not match its candidate is ignored), so a SIGKILL repeats at most the evaluations in flight; it also journals
+  each optimizer reply as it arrives (:func:`reply_entry`), with the step, the sample, the meta-prompt's digest
+  and its usage, so a kill during a step's optimizer calls does not buy (and sample) the received replies again;
 * ``run.lock`` (an OS lock) admits one run per ``log_dir``: a second process is refused at once.
 
 A different configuration, dataset or program is refused by :func:`check_fingerprint`, naming what differs.
@@ -404,14 +406,64 @@ def journal_entry(raw: dict[str, Any], state: RunState, *, path: str | os.PathLi
                         usage=usage, anchor=texts["t"], count=count)
 
 
+REPLY_KIND = "reply"  # the "k" of a journaled optimizer reply (an evaluation's entry has no "k")
+
+
+@dataclass(frozen=True)
+class ReplyEntry:
+    """One journaled optimizer request's replies: the step, the first sample, the meta-prompt's digest, the cost."""
+
+    step: int
+    sample: int  # the sample of the request's rollout id; an n request's choices are samples sample, sample + 1, ...
+    meta_prompt_md5: str
+    replies: list[str]
+    usage: dict[str, ModelUsage]
+
+
+def reply_entry(raw: dict[str, Any], state: RunState, *, path: str | os.PathLike[str], line: int) -> ReplyEntry:
+    """Check one journaled optimizer reply (``"k": "reply"``) against ``state``; anything wrong is a
+    :class:`StateFileError` naming the file, the line, the step and the field."""
+    step = raw.get("step")
+
+    def refuse(field: str, problem: str) -> StateFileError:
+        return StateFileError(
+            f"{path}, line {line}: optimizer reply of step {step!r}, field {field}: {problem}. The journal was changed "
+            f"outside dspy-opro: delete that line (or the whole file: those replies are asked for again) and compile "
+            "again.")
+
+    asked = len(state.steps)  # the step being asked: the record holds every earlier one
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= asked:
+        raise refuse("step", f"the record has {asked} steps, so the step being asked is {asked}")
+    replies = raw.get("r")
+    if not isinstance(replies, list) or not replies or not all(isinstance(text, str) for text in replies):
+        raise refuse("r (replies)", f"{_shown(replies)} is not a non-empty list of texts")
+    sample = raw.get("n")
+    candidates = state.config.get("num_candidates")
+    top = candidates if isinstance(candidates, int) and not isinstance(candidates, bool) else None
+    if (isinstance(sample, bool) or not isinstance(sample, int) or sample < 0
+            or (top is not None and sample + len(replies) > top)):
+        limit = f" (samples 0 to {top - 1} with num_candidates={top})" if top is not None else ""
+        raise refuse("n (sample)", f"{sample!r} is not the sample of {len(replies)} replies{limit}")
+    meta_prompt_md5 = raw.get("d")
+    if not isinstance(meta_prompt_md5, str) or not meta_prompt_md5:
+        raise refuse("d (meta-prompt digest)", f"{meta_prompt_md5!r} is not a digest")
+    try:
+        usage = {str(model): ModelUsage.model_validate(value) for model, value in (raw.get("u") or {}).items()}
+    except (AttributeError, ValidationError) as exc:
+        raise refuse("u (usage)", f"not a usage record ({exc})") from None
+    return ReplyEntry(step=step, sample=sample, meta_prompt_md5=meta_prompt_md5, replies=replies, usage=usage)
+
+
 __all__ = [
     "LOCK_FILE",
     "OUTCOMES",
     "PROGRESS_FILE",
+    "REPLY_KIND",
     "STATE_FILE",
     "LogDirLock",
     "ProgressJournal",
     "JournalEntry",
+    "ReplyEntry",
     "check_fingerprint",
     "check_record",
     "check_log_dir_is_folder",
@@ -419,5 +471,6 @@ __all__ = [
     "journal_entry",
     "load_state",
     "lock_is_held",
+    "reply_entry",
     "save_state",
 ]

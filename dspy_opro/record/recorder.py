@@ -14,13 +14,16 @@
 
 Every finished evaluation is journaled with what it cost and the run's count of evaluations (:meth:`journal`), and
 every snapshot clears the journal. On resume every journal line is checked, then replayed onto its candidate by
-instruction digest and example whatever the candidate's saved status, and counted once.
+instruction digest and example whatever the candidate's saved status, and counted once. Each optimizer reply is
+journaled as it arrives too (:meth:`reply_log`): a step whose optimizer calls a kill interrupted gets its received
+replies back (:attr:`RunState.received_replies`, :meth:`received_replies`), counted once, and asks only for the rest.
 :meth:`end` marks a run that an exception or Ctrl-C ended, saves it with its report and says how to resume.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -28,14 +31,17 @@ from pathlib import Path
 from dspy_opro.errors import LogDirError, StateFileError, describe_exception
 from dspy_opro.record.files import (
     PROGRESS_FILE,
+    REPLY_KIND,
     STATE_FILE,
     LogDirLock,
     ProgressJournal,
+    ReplyEntry,
     check_fingerprint,
     check_log_dir_is_folder,
     check_log_dir_writable,
     journal_entry,
     load_state,
+    reply_entry,
     save_state,
 )
 from dspy_opro.record.state import (
@@ -43,6 +49,7 @@ from dspy_opro.record.state import (
     CandidateStatus,
     Fingerprint,
     ModelUsage,
+    ReceivedReplies,
     RunState,
     budget_spent,
     no_scores,
@@ -50,6 +57,11 @@ from dspy_opro.record.state import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+def meta_prompt_md5(meta_prompt: str) -> str:
+    """The digest that ties a journaled optimizer reply to the meta-prompt it answered."""
+    return hashlib.md5(meta_prompt.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def infrastructure_unscored(candidate: Candidate) -> bool:
@@ -74,6 +86,9 @@ class RunRecorder:
         self.log_dir = log_dir
         self._lock = LogDirLock(self.log_dir) if self.log_dir else None
         self._journal = ProgressJournal(self.log_dir) if self.log_dir else None
+        # Replies journaled for a step the record does not hold yet: a snapshot taken before the step is recorded
+        # (Ctrl-C or an error during its optimizer calls) keeps them in the journal it starts afresh.
+        self._unrecorded_replies: list[tuple[int, dict[str, object]]] = []
         if self.log_dir:
             check_log_dir_is_folder(self.log_dir)
 
@@ -137,6 +152,9 @@ class RunRecorder:
         assert self.log_dir is not None
         path = Path(self.log_dir) / PROGRESS_FILE
         for line, raw in ProgressJournal.read_numbered(self.log_dir):
+            if raw.get("k") == REPLY_KIND:
+                self._replay_reply(reply_entry(raw, state, path=path, line=line), state)
+                continue
             entry = journal_entry(raw, state, path=path, line=line)
             if entry is None:
                 continue  # another instruction under this candidate's number: not this run's evaluation
@@ -160,6 +178,51 @@ class RunRecorder:
                 state.anchors[f"{entry.split}:{entry.index}"] = entry.anchor
             state.usage.record("task", entry.usage)
             state.metric_calls = max(state.metric_calls + 1, entry.count or 0)
+
+    @staticmethod
+    def _replay_reply(entry: ReplyEntry, state: RunState) -> None:
+        """Keep a journaled optimizer reply for its step (``state.received_replies``) and count its usage, once.
+
+        A reply of a step the record holds, or of a sample already kept, is in the snapshot already (a crash
+        between writing the snapshot and clearing the journal leaves such entries). Replies to another meta-prompt
+        than the kept ones (a later attempt at the step) replace them.
+        """
+        if entry.step < len(state.steps):
+            return
+        kept = state.received_replies
+        if kept is None or kept.step != entry.step or kept.meta_prompt_md5 != entry.meta_prompt_md5:
+            kept = state.received_replies = ReceivedReplies(step=entry.step, meta_prompt_md5=entry.meta_prompt_md5)
+        if entry.sample in kept.replies:
+            return
+        for offset, text in enumerate(entry.replies):
+            kept.replies[entry.sample + offset] = text
+        state.usage.record("optimizer", entry.usage)
+
+    def received_replies(self, state: RunState, step: int, meta_prompt: str) -> dict[int, str]:
+        """The replies a killed run received for ``step``'s ``meta_prompt``, by sample (empty when none).
+
+        Replies to another meta-prompt are ignored, with a WARNING: they are not samples of this one, so the step
+        asks for all its proposals (their cost stays counted: it was paid).
+        """
+        kept = state.received_replies
+        if kept is None or kept.step != step:
+            return {}
+        if kept.meta_prompt_md5 != meta_prompt_md5(meta_prompt):
+            logger.warning("Step %d: the %d optimizer replies received before the run was killed answered another "
+                           "meta-prompt (the record changed since); they are not used, and the step asks for all its "
+                           "proposals again", step, len(kept.replies))
+            return {}
+        logger.info("Step %d: %d optimizer replies received before the run was killed are used; asking for the rest",
+                    step, len(kept.replies))
+        return dict(kept.replies)
+
+    @staticmethod
+    def keep_replies(state: RunState, step: int, meta_prompt: str, replies: dict[int, str]) -> None:
+        """Keep ``step``'s replies, whose usage the run has just counted, in the record until the step is recorded
+        (:meth:`save` then drops them): a snapshot taken in between holds them with their usage, and the journal's
+        copies of them are not counted again."""
+        state.received_replies = ReceivedReplies(step=step, meta_prompt_md5=meta_prompt_md5(meta_prompt),
+                                                 replies=dict(replies))
 
     @staticmethod
     def _retries_outage(state: RunState) -> bool:
@@ -226,19 +289,46 @@ class RunRecorder:
         except OSError as exc:  # a full disk: the run stops, and end() saves state.json if it still can
             raise self._write_error(exc) from exc
 
+    def reply_log(self, step: int, meta_prompt: str) -> StepReplyJournal | None:
+        """What journals ``step``'s optimizer replies as they arrive (None without a ``log_dir``)."""
+        if self._journal is None:
+            return None
+        return StepReplyJournal(self, step=step, meta_prompt_md5=meta_prompt_md5(meta_prompt))
+
+    def journal_replies(self, *, step: int, sample: int, meta_prompt_md5: str, replies: list[str],
+                        usage: dict[str, ModelUsage]) -> None:
+        """Journal one optimizer request's replies (its choices, from ``sample`` on) with what the request cost."""
+        if self._journal is None:
+            return
+        entry: dict[str, object] = {
+            "k": REPLY_KIND, "step": step, "n": sample, "d": meta_prompt_md5, "r": replies,
+            "u": {model: value.model_dump() for model, value in usage.items()}}
+        try:
+            self._journal.append(entry)
+        except OSError as exc:  # a full disk: the run stops, and end() saves state.json if it still can
+            raise self._write_error(exc) from exc
+        self._unrecorded_replies.append((step, entry))
+
     def save_first(self, state: RunState) -> None:
         """The first snapshot, before anything is paid for: the journal entries of step -1 need it."""
         if self.log_dir and not (Path(self.log_dir) / STATE_FILE).exists():
             self.save(state)
 
     def save(self, state: RunState, *, final: bool = False) -> None:
-        """Write ``state.json`` (and, when ``final``, ``report.md`` and the plot); the journal starts afresh."""
+        """Write ``state.json`` (and, when ``final``, ``report.md`` and the plot); the journal starts afresh, with
+        the replies journaled for a step the record does not hold yet."""
+        if state.received_replies is not None and state.received_replies.step < len(state.steps):
+            state.received_replies = None  # the step's record holds them
         if not self.log_dir:
             return
         try:
             save_state(state, self.log_dir)
             if self._journal is not None:
                 self._journal.clear()
+                self._unrecorded_replies = [(step, entry) for step, entry in self._unrecorded_replies
+                                            if step >= len(state.steps)]
+                for _, entry in self._unrecorded_replies:
+                    self._journal.append(entry)
         except OSError as exc:  # the previous state.json is intact: the write goes to a temporary file first
             raise self._write_error(exc) from exc
         if final:
@@ -295,4 +385,21 @@ class RunRecorder:
             self._lock.release()
 
 
-__all__ = ["RunRecorder", "infrastructure_unscored"]
+class StepReplyJournal:
+    """Journals one step's optimizer replies as they arrive (the ``reply_log`` that ``propose`` takes).
+
+    Args:
+        recorder: The run's recorder.
+        step: The step being asked.
+        meta_prompt_md5: The digest of its meta-prompt (:func:`meta_prompt_md5`).
+    """
+
+    def __init__(self, recorder: RunRecorder, *, step: int, meta_prompt_md5: str):
+        self.recorder, self.step, self.meta_prompt_md5 = recorder, step, meta_prompt_md5
+
+    def record(self, sample: int, replies: list[str], usage: dict[str, ModelUsage]) -> None:
+        self.recorder.journal_replies(step=self.step, sample=sample, meta_prompt_md5=self.meta_prompt_md5,
+                                      replies=replies, usage=usage)
+
+
+__all__ = ["RunRecorder", "StepReplyJournal", "infrastructure_unscored", "meta_prompt_md5"]

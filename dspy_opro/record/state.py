@@ -272,6 +272,23 @@ class Step(BaseModel):
     """When its last candidate was scored; None while it runs or when it was cut short."""
 
 
+class ReceivedReplies(BaseModel):
+    """The optimizer replies of a step the record does not hold yet, with their usage counted in the record.
+
+    Replayed from the journal (each reply is journaled as it arrives) after a kill during the step's optimizer
+    calls, or kept between those calls and the step's record (a snapshot then, at Ctrl-C or an error, holds them).
+    The resumed run hands them to the step's optimizer calls, which ask only for the samples not among them.
+    Cleared when the step is recorded.
+    """
+
+    step: int
+    """The step whose optimizer calls they answered."""
+    meta_prompt_md5: str
+    """The digest of the meta-prompt they answered: they are replayed only onto the same meta-prompt."""
+    replies: dict[int, str] = Field(default_factory=dict)
+    """The replies by sample number (the sample of the request's rollout id), as the optimizer model wrote them."""
+
+
 class Session(BaseModel):
     """One ``compile`` of the run: the first, then each resumption."""
 
@@ -364,6 +381,9 @@ class RunState(BaseModel):
     """Optimizer models whose `usage` counted fewer completion tokens than their choices hold (a server that counts
     only the first of `n` choices), by model name, with the first such finding: their recorded tokens and cost are
     too low."""
+    received_replies: ReceivedReplies | None = None
+    """The optimizer replies received by a step not yet recorded (one a kill, Ctrl-C or an error interrupted), until
+    the step is recorded; None otherwise."""
     anchors: dict[str, str] = Field(default_factory=dict)
     """Label-free OPRO: the starting program's trajectory on each example (`"split:index"`), judged against."""
     selection: Selection | None = None
