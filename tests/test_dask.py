@@ -73,33 +73,58 @@ def _on_a_dask_worker() -> bool:
     return True
 
 
-class KillsItsWorker(dspy.Module):
-    """A program whose worker process dies whenever the instruction mentions 'crash'."""
+class DiesAfterItsFirstCall(dspy.Module):
+    """Two LM calls in sequence; when the instruction mentions 'crash', the Dask worker dies between them, on the
+    first ``deaths`` attempts (counted by files in ``markers``) and then no more."""
 
-    def __init__(self):
+    def __init__(self, markers, deaths):
         super().__init__()
         self.predict = dspy.Predict("question -> answer")
+        self.markers, self.deaths = str(markers), deaths
 
     def forward(self, question):
+        first = self.predict(question=question)  # paid for: the provider bills it whatever happens next
         if "crash" in self.predict.signature.instructions and _on_a_dask_worker():
-            os._exit(1)
-        return self.predict(question=question)
+            died = len(os.listdir(self.markers))
+            if died < self.deaths:
+                open(os.path.join(self.markers, f"death-{died}"), "w").close()
+                os._exit(1)
+        self.predict(question=question + " Check: " + str(first.answer))
+        return first
 
 
-def test_a_worker_that_dies_is_an_infrastructure_failure(cluster):
+@pytest.mark.parametrize(("allowed_failures", "deaths"), [(0, 2), (0, 1), (1, 1)],
+                         ids=["killed-twice-unscored", "killed-then-resubmitted", "rerun-by-dask"])
+def test_a_worker_that_dies_is_an_infrastructure_failure(cluster, tmp_path, allowed_failures, deaths):
+    """A worker that dies after the first of two LM calls: its evaluation is paid again (by Dask's own rerun with
+    ``allowed_failures=1``, by OPRO's one resubmission after ``KilledWorker`` with 0), and the record's task usage
+    is what the endpoint served, the dead attempts' calls included. Killed on both tries, the candidate is
+    unscored (an infrastructure failure) and only its dead attempts were paid."""
     scheduler = cluster.cluster.scheduler
-    allowed, scheduler.allowed_failures = scheduler.allowed_failures, 0  # no silent rescheduling by Dask
+    allowed, scheduler.allowed_failures = scheduler.allowed_failures, allowed_failures
     try:
         with SimulatedEndpoint() as endpoint:
-            task_lm, _ = lms(endpoint)
+            task_lm = endpoint.lm(TASK, num_retries=0)
             opt_lm, _ = make_lm(scripted_optimizer(["<INS>Please crash.</INS>"]), model="openai/script")
             optimizer = OPROTeleprompter(simulated_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=1,
                                          num_candidates=1, num_exemplars=1, num_threads=1,
                                          executor=cluster.get_executor())
-            compiled = optimizer.compile(KillsItsWorker(), trainset=simulated_dataset(1, seed=3))
+            compiled = optimizer.compile(DiesAfterItsFirstCall(tmp_path, deaths), trainset=simulated_dataset(1, seed=3))
+            task = served(endpoint, TASK)
+            records = [r for r in endpoint.requests if r.model == TASK.split("/", 1)[1]]
     finally:
         scheduler.allowed_failures = allowed
-    crashed = compiled.opro_run.candidates[1]
-    assert crashed.status == "unscored" and "KilledWorker" in crashed.reason
-    assert compiled.opro_run.candidates[0].status == "scored"
-
+    run = compiled.opro_run
+    assert len(os.listdir(tmp_path)) == deaths
+    crashed = run.candidates[1]
+    if deaths == 2:
+        assert crashed.status == "unscored" and "KilledWorker" in crashed.reason
+        assert task[0] == 2 + 2  # the start's two calls; one call by each dead attempt
+    else:
+        assert crashed.status == "scored"
+        assert task[0] == 2 + 1 + 2  # the start's two; the dead attempt's one; the attempt that came back, two
+    assert run.candidates[0].status == "scored"
+    got = run.usage.task
+    assert (got.calls, got.prompt_tokens, got.completion_tokens, got.cached_tokens) == task
+    assert got.cost == pytest.approx(served_cost(records, TASK), rel=1e-9)
+    assert run.usage.by_model[TASK].calls == task[0]
