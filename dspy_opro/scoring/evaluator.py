@@ -234,7 +234,9 @@ class Evaluator:
         if self._external is not None and self._dask is not None:
             # Not a pure task: Dask would give a resubmitted job the key of its failed run, and hand back the same
             # KilledWorker instead of running it again. (It also spares hashing every job for its key.)
-            return self._external.submit(run_example, job, pure=False)
+            submit: Callable[..., Any] = self._external.submit  # a ClientExecutor's takes Dask's options too
+            future: cf.Future[ExampleResult] = submit(run_example, job, pure=False)
+            return future
         if self._external is not None:
             return self._external.submit(run_example, job)
         if self._pool is None:
