@@ -138,3 +138,20 @@ def test_an_evaluation_outside_a_dask_worker_names_no_attempt():
     result = run_example(tagged)
     assert (result.outcome, result.attempt, result.usage["openai/task"].calls) == ("ok", None, 1)
     assert len(engine.requests) == 1
+
+
+def test_a_scheduler_that_cannot_be_reached_never_fails_the_lm_call(caplog):
+    class Unreachable(FakeDaskClient):
+        def log_event(self, topic, msg):
+            self.sent = getattr(self, "sent", 0) + 1
+            raise OSError("Timed out trying to connect to the scheduler")
+
+    client = Unreachable()
+    reporter = AttemptReporter(channel=UsageChannel("t", 0), client=client, snapshot=lambda: usage(1))
+    with caplog.at_level("WARNING", logger="dspy_opro.scoring.dask_usage"):
+        reporter.report()
+        reporter.report()  # not tried again
+    assert client.sent == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "Could not report LM usage to the Dask scheduler (Timed out trying to connect to the scheduler); an evaluation "
+        "lost with its worker will not be counted"]

@@ -88,12 +88,12 @@ class AttemptReporter:
         """
         if self._broken:
             return
-        with self._lock:
-            self._sequence += 1
-            sequence, usage = self._sequence, self._snapshot()
-        message = {"job": self.channel.job, "attempt": self.attempt, "seq": sequence,
-                   "usage": {model: entry.model_dump() for model, entry in usage.items()}}
-        try:
+        try:  # inside DSPy's LM call: whatever happens here must not fail the program's call
+            with self._lock:
+                self._sequence += 1
+                sequence, usage = self._sequence, self._snapshot()
+            message = {"job": self.channel.job, "attempt": self.attempt, "seq": sequence,
+                       "usage": {model: entry.model_dump() for model, entry in usage.items()}}
             self._client.log_event(self.channel.topic, message)
         except Exception as exc:  # the evaluation goes on; only a lost attempt's usage would be missed
             self._broken = True
