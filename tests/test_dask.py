@@ -1,6 +1,7 @@
 """Evaluation fanned out over a real Dask cluster (worker processes on 127.0.0.1)."""
 
 import os
+import signal
 
 import dspy
 import pytest
@@ -11,6 +12,7 @@ from tests.fakes import make_lm, scripted_optimizer
 from tests.test_accounting import TASK, compile_fan_out, served, served_cost
 
 distributed = pytest.importorskip("distributed")
+SchedulerPlugin = pytest.importorskip("distributed.diagnostics.plugin").SchedulerPlugin
 
 pytestmark = pytest.mark.slow  # starts a Dask cluster of worker processes
 
@@ -128,3 +130,45 @@ def test_a_worker_that_dies_is_an_infrastructure_failure(cluster, tmp_path, allo
     assert (got.calls, got.prompt_tokens, got.completion_tokens, got.cached_tokens) == task
     assert got.cost == pytest.approx(served_cost(records, TASK), rel=1e-9)
     assert run.usage.by_model[TASK].calls == task[0]
+
+
+class KillsTheFirstWorkerToFinish(SchedulerPlugin):
+    """Kills (SIGKILL) the worker that holds the first finished task, just after the scheduler learns of it, so its
+    result is lost with the worker and Dask computes the task again."""
+
+    def __init__(self, scheduler):
+        self.scheduler, self.killed = scheduler, []
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        if finish == "memory" and not self.killed:
+            for worker in self.scheduler.tasks[key].who_has:
+                self.killed.append(key)
+                os.kill(worker.pid, signal.SIGKILL)
+
+
+def test_an_evaluation_dask_computes_again_counts_each_time_it_was_paid(cluster, tmp_path):
+    """The first evaluation finishes, then its worker dies before the result is fetched: Dask runs it again. Both
+    runs were paid, and the record's task usage is what the endpoint served."""
+    scheduler = cluster.cluster.scheduler
+    plugin = KillsTheFirstWorkerToFinish(scheduler)
+    scheduler.add_plugin(plugin, name="kills-the-first-worker-to-finish")
+    try:
+        with SimulatedEndpoint() as endpoint:
+            task_lm = endpoint.lm(TASK, num_retries=0)
+            opt_lm, _ = make_lm(scripted_optimizer(["<INS>Answer well.</INS>"]), model="openai/script")
+            optimizer = OPROTeleprompter(simulated_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=1,
+                                         num_candidates=1, num_exemplars=1, num_threads=1,
+                                         executor=cluster.get_executor())
+            compiled = optimizer.compile(DiesAfterItsFirstCall(tmp_path, 0), trainset=simulated_dataset(1, seed=3))
+            task = served(endpoint, TASK)
+            records = [r for r in endpoint.requests if r.model == TASK.split("/", 1)[1]]
+    finally:
+        scheduler.remove_plugin(name="kills-the-first-worker-to-finish")
+    run = compiled.opro_run
+    assert len(plugin.killed) == 1
+    assert [c.status for c in run.candidates] == ["scored", "scored"]
+    assert run.metric_calls == 2
+    assert task[0] == 2 + 2 + 2  # the start's run, lost with its worker; its run again; the candidate's
+    got = run.usage.task
+    assert (got.calls, got.prompt_tokens, got.completion_tokens, got.cached_tokens) == task
+    assert got.cost == pytest.approx(served_cost(records, TASK), rel=1e-9)

@@ -171,8 +171,8 @@ class UsageLedger:
                 lost.setdefault(model, ModelUsage()).add(ModelUsage.model_validate(fields))
         if lost:
             calls = sum(entry.calls for entry in lost.values())
-            logger.info("Counted %d LM calls of %d lost attempts of an evaluation (job %d) as paid",
-                        calls, len(attempts) - (kept_attempt in attempts), channel.job)
+            logger.info("Evaluation job %d: counted as paid the %d LM calls of its lost attempts (%d)", channel.job,
+                        calls, len(attempts) - (kept_attempt in attempts))
         return lost
 
     def close(self) -> None:
