@@ -75,6 +75,16 @@ def _on_a_dask_worker() -> bool:
     return True
 
 
+def held_by_the_client(client) -> list:
+    """The tasks the client still holds (their results Dask would compute again, and pay for, if a worker died)."""
+
+    async def nothing():
+        return None
+
+    client.sync(nothing)  # one turn of the client's loop: the releases queued before it have run
+    return list(client.futures)
+
+
 class DiesAfterItsFirstCall(dspy.Module):
     """Two LM calls in sequence; when the instruction mentions 'crash', the Dask worker dies between them, on the
     first ``deaths`` attempts (counted by files in ``markers``) and then no more."""
@@ -126,6 +136,7 @@ def test_a_worker_that_dies_is_an_infrastructure_failure(cluster, tmp_path, allo
         assert crashed.status == "scored"
         assert task[0] == 2 + 1 + 2  # the start's two; the dead attempt's one; the attempt that came back, two
     assert run.candidates[0].status == "scored"
+    assert held_by_the_client(cluster) == []  # each task released once its result was in
     got = run.usage.task
     assert (got.calls, got.prompt_tokens, got.completion_tokens, got.cached_tokens) == task
     assert got.cost == pytest.approx(served_cost(records, TASK), rel=1e-9)
@@ -142,7 +153,7 @@ class KillsTheFirstWorkerToFinish(SchedulerPlugin):
     def transition(self, key, start, finish, *args, **kwargs):
         if finish == "memory" and not self.killed:
             for worker in self.scheduler.tasks[key].who_has:
-                self.killed.append(key)
+                self.killed.append((key, start, worker.address, worker.pid))
                 os.kill(worker.pid, signal.SIGKILL)
 
 
@@ -166,6 +177,7 @@ def test_an_evaluation_dask_computes_again_counts_each_time_it_was_paid(cluster,
         scheduler.remove_plugin(name="kills-the-first-worker-to-finish")
     run = compiled.opro_run
     assert len(plugin.killed) == 1
+    assert held_by_the_client(cluster) == []
     assert [c.status for c in run.candidates] == ["scored", "scored"]
     assert run.metric_calls == 2
     assert task[0] == 2 + 2 + 2  # the start's run, lost with its worker; its run again; the candidate's

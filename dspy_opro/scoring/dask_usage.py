@@ -117,6 +117,20 @@ def dask_client(executor: cf.Executor | None) -> Any | None:
     return client if isinstance(client, Client) else None
 
 
+def submit_to_dask(executor: cf.Executor, client: Any, fn: Callable[..., Any],
+                   *args: Any) -> tuple[cf.Future[Any], Any]:
+    """Submit ``fn(*args)`` as the Dask ``executor`` does, but as an impure task, and keep its Dask future.
+
+    Impure: Dask would give a resubmitted job the key of its failed run and hand back the same ``KilledWorker``
+    instead of running it again (and hashing every job for its key costs a pickling). The Dask future is returned
+    so that the caller can release the task's key as soon as it has the result: a result Dask still holds is
+    computed again, and paid again, whenever the worker that holds it dies.
+    """
+    options = {**getattr(executor, "_kwargs", {}), "pure": False}  # the executor's own options (resources, ...)
+    dask_future = client.submit(fn, *args, **options)
+    return executor._wrap_future(dask_future), dask_future  # type: ignore[attr-defined]
+
+
 class UsageLedger:
     """The run's side: receives the attempts' usage events and says what each finished job's lost attempts cost.
 
@@ -191,4 +205,4 @@ def add_usage(usage: dict[str, ModelUsage], extra: dict[str, ModelUsage]) -> dic
     return total
 
 
-__all__ = ["AttemptReporter", "UsageChannel", "UsageLedger", "add_usage", "dask_client"]
+__all__ = ["AttemptReporter", "UsageChannel", "UsageLedger", "add_usage", "dask_client", "submit_to_dask"]

@@ -38,7 +38,7 @@ from typing import Any
 from dspy_opro.compat import current_context, run_in_context
 from dspy_opro.errors import OPRORunError, describe_exception
 from dspy_opro.record.state import RunState, budget_spent
-from dspy_opro.scoring.dask_usage import UsageLedger, add_usage, dask_client
+from dspy_opro.scoring.dask_usage import UsageLedger, add_usage, dask_client, submit_to_dask
 from dspy_opro.scoring.evaluation import ExampleJob, ExampleResult, run_example
 
 logger = logging.getLogger(__name__)
@@ -198,6 +198,7 @@ class Evaluator:
         self._unconsumed: dict[cf.Future[ExampleResult], ExampleJob] = {}  # submitted, neither consumed nor abandoned
         self._dask = dask_client(executor)  # the client of a Dask executor, else None
         self._ledger: UsageLedger | None = None  # a Dask executor's: what lost attempts cost (made at the first job)
+        self._dask_futures: dict[cf.Future[ExampleResult], Any] = {}  # a Dask task's future, until it is released
         self._lock = threading.Lock()
         self.abandoned = 0
 
@@ -232,10 +233,9 @@ class Evaluator:
 
     def _submit(self, job: ExampleJob) -> cf.Future[ExampleResult]:
         if self._external is not None and self._dask is not None:
-            # Not a pure task: Dask would give a resubmitted job the key of its failed run, and hand back the same
-            # KilledWorker instead of running it again. (It also spares hashing every job for its key.)
-            submit: Callable[..., Any] = self._external.submit  # a ClientExecutor's takes Dask's options too
-            future: cf.Future[ExampleResult] = submit(run_example, job, pure=False)
+            future, dask_future = submit_to_dask(self._external, self._dask, run_example, job)
+            with self._lock:
+                self._dask_futures[future] = dask_future
             return future
         if self._external is not None:
             return self._external.submit(run_example, job)
@@ -252,8 +252,20 @@ class Evaluator:
         its job's lost attempts."""
         with self._lock:
             job = self._unconsumed.pop(future, None)
-        result = future.result()
+        try:
+            result = future.result()
+        finally:
+            self._release([future])
         return self.settle(job, result) if job is not None else result
+
+    def _release(self, futures: Iterable[cf.Future[ExampleResult]] | None = None) -> None:
+        """Let Dask forget these tasks (None: all): a result it still held would be computed (and paid for) again
+        whenever the worker holding it died."""
+        with self._lock:
+            chosen = list(self._dask_futures) if futures is None else futures
+            dask_futures = [self._dask_futures.pop(f) for f in chosen if f in self._dask_futures]
+        for dask_future in dask_futures:
+            dask_future.release()
 
     def abandon(self, future: cf.Future[ExampleResult]) -> None:
         """Give up on an overdue evaluation: its result, whenever it comes, is never read."""
@@ -261,6 +273,7 @@ class Evaluator:
         with self._lock:
             self._unconsumed.pop(future, None)
             self.abandoned += 1
+        self._release([future])
 
     def take_finished(self) -> list[ExampleResult]:
         """The evaluations that finished but were never consumed (a run stopped by Ctrl-C or an error), once."""
@@ -268,7 +281,9 @@ class Evaluator:
             finished = [(f, job) for f, job in self._unconsumed.items()
                         if f.done() and not f.cancelled() and f.exception() is None]
             self._unconsumed.clear()
-        return [self.settle(job, future.result()) for future, job in finished]
+        results = [self.settle(job, future.result()) for future, job in finished]
+        self._release()
+        return results
 
     def run(self, jobs: Iterable[ExampleJob], budget: Budget) -> Batch:
         """The results of ``jobs``, run in order until done or the budget is spent (then ``stop_reason`` says why).
@@ -284,6 +299,7 @@ class Evaluator:
             for future in self._unconsumed:
                 future.cancel()
             self._unconsumed.clear()
+        self._release()
         self._pool = None
         if self._ledger is not None:
             self._ledger.close()
