@@ -1,6 +1,7 @@
 """Evaluation fanned out over a real Dask cluster (worker processes on 127.0.0.1)."""
 
 import os
+import signal
 
 import dspy
 import pytest
@@ -11,6 +12,7 @@ from tests.fakes import make_lm, scripted_optimizer
 from tests.test_accounting import TASK, compile_fan_out, served, served_cost
 
 distributed = pytest.importorskip("distributed")
+SchedulerPlugin = pytest.importorskip("distributed.diagnostics.plugin").SchedulerPlugin
 
 pytestmark = pytest.mark.slow  # starts a Dask cluster of worker processes
 
@@ -73,33 +75,112 @@ def _on_a_dask_worker() -> bool:
     return True
 
 
-class KillsItsWorker(dspy.Module):
-    """A program whose worker process dies whenever the instruction mentions 'crash'."""
+def held_by_the_client(client) -> list:
+    """The tasks the client still holds (their results Dask would compute again, and pay for, if a worker died)."""
 
-    def __init__(self):
+    async def nothing():
+        return None
+
+    client.sync(nothing)  # one turn of the client's loop: the releases queued before it have run
+    return list(client.futures)
+
+
+class DiesAfterItsFirstCall(dspy.Module):
+    """Two LM calls in sequence; when the instruction mentions 'crash', the Dask worker dies between them, on the
+    first ``deaths`` attempts (counted by files in ``markers``) and then no more."""
+
+    def __init__(self, markers, deaths):
         super().__init__()
         self.predict = dspy.Predict("question -> answer")
+        self.markers, self.deaths = str(markers), deaths
 
     def forward(self, question):
+        first = self.predict(question=question)  # paid for: the provider bills it whatever happens next
         if "crash" in self.predict.signature.instructions and _on_a_dask_worker():
-            os._exit(1)
-        return self.predict(question=question)
+            died = len(os.listdir(self.markers))
+            if died < self.deaths:
+                open(os.path.join(self.markers, f"death-{died}"), "w").close()
+                os._exit(1)
+        self.predict(question=question + " Check: " + str(first.answer))
+        return first
 
 
-def test_a_worker_that_dies_is_an_infrastructure_failure(cluster):
+@pytest.mark.parametrize(("allowed_failures", "deaths"), [(0, 2), (0, 1), (1, 1)],
+                         ids=["killed-twice-unscored", "killed-then-resubmitted", "rerun-by-dask"])
+def test_a_worker_that_dies_is_an_infrastructure_failure(cluster, tmp_path, allowed_failures, deaths):
+    """A worker that dies after the first of two LM calls: its evaluation is paid again (by Dask's own rerun with
+    ``allowed_failures=1``, by OPRO's one resubmission after ``KilledWorker`` with 0), and the record's task usage
+    is what the endpoint served, the dead attempts' calls included. Killed on both tries, the candidate is
+    unscored (an infrastructure failure) and only its dead attempts were paid."""
     scheduler = cluster.cluster.scheduler
-    allowed, scheduler.allowed_failures = scheduler.allowed_failures, 0  # no silent rescheduling by Dask
+    allowed, scheduler.allowed_failures = scheduler.allowed_failures, allowed_failures
     try:
         with SimulatedEndpoint() as endpoint:
-            task_lm, _ = lms(endpoint)
+            task_lm = endpoint.lm(TASK, num_retries=0)
             opt_lm, _ = make_lm(scripted_optimizer(["<INS>Please crash.</INS>"]), model="openai/script")
             optimizer = OPROTeleprompter(simulated_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=1,
                                          num_candidates=1, num_exemplars=1, num_threads=1,
                                          executor=cluster.get_executor())
-            compiled = optimizer.compile(KillsItsWorker(), trainset=simulated_dataset(1, seed=3))
+            compiled = optimizer.compile(DiesAfterItsFirstCall(tmp_path, deaths), trainset=simulated_dataset(1, seed=3))
+            task = served(endpoint, TASK)
+            records = [r for r in endpoint.requests if r.model == TASK.split("/", 1)[1]]
     finally:
         scheduler.allowed_failures = allowed
-    crashed = compiled.opro_run.candidates[1]
-    assert crashed.status == "unscored" and "KilledWorker" in crashed.reason
-    assert compiled.opro_run.candidates[0].status == "scored"
+    run = compiled.opro_run
+    assert len(os.listdir(tmp_path)) == deaths
+    crashed = run.candidates[1]
+    if deaths == 2:
+        assert crashed.status == "unscored" and "KilledWorker" in crashed.reason
+        assert task[0] == 2 + 2  # the start's two calls; one call by each dead attempt
+    else:
+        assert crashed.status == "scored"
+        assert task[0] == 2 + 1 + 2  # the start's two; the dead attempt's one; the attempt that came back, two
+    assert run.candidates[0].status == "scored"
+    assert held_by_the_client(cluster) == []  # each task released once its result was in
+    got = run.usage.task
+    assert (got.calls, got.prompt_tokens, got.completion_tokens, got.cached_tokens) == task
+    assert got.cost == pytest.approx(served_cost(records, TASK), rel=1e-9)
+    assert run.usage.by_model[TASK].calls == task[0]
 
+
+class KillsTheFirstWorkerToFinish(SchedulerPlugin):
+    """Kills (SIGKILL) the worker that holds the first finished task, just after the scheduler learns of it, so its
+    result is lost with the worker and Dask computes the task again."""
+
+    def __init__(self, scheduler):
+        self.scheduler, self.killed = scheduler, []
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        if finish == "memory" and not self.killed:
+            for worker in self.scheduler.tasks[key].who_has:
+                self.killed.append((key, start, worker.address, worker.pid))
+                os.kill(worker.pid, signal.SIGKILL)
+
+
+def test_an_evaluation_dask_computes_again_counts_each_time_it_was_paid(cluster, tmp_path):
+    """The first evaluation finishes, then its worker dies before the result is fetched: Dask runs it again. Both
+    runs were paid, and the record's task usage is what the endpoint served."""
+    scheduler = cluster.cluster.scheduler
+    plugin = KillsTheFirstWorkerToFinish(scheduler)
+    scheduler.add_plugin(plugin, name="kills-the-first-worker-to-finish")
+    try:
+        with SimulatedEndpoint() as endpoint:
+            task_lm = endpoint.lm(TASK, num_retries=0)
+            opt_lm, _ = make_lm(scripted_optimizer(["<INS>Answer well.</INS>"]), model="openai/script")
+            optimizer = OPROTeleprompter(simulated_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=1,
+                                         num_candidates=1, num_exemplars=1, num_threads=1,
+                                         executor=cluster.get_executor())
+            compiled = optimizer.compile(DiesAfterItsFirstCall(tmp_path, 0), trainset=simulated_dataset(1, seed=3))
+            task = served(endpoint, TASK)
+            records = [r for r in endpoint.requests if r.model == TASK.split("/", 1)[1]]
+    finally:
+        scheduler.remove_plugin(name="kills-the-first-worker-to-finish")
+    run = compiled.opro_run
+    assert len(plugin.killed) == 1
+    assert held_by_the_client(cluster) == []
+    assert [c.status for c in run.candidates] == ["scored", "scored"]
+    assert run.metric_calls == 2
+    assert task[0] == 2 + 2 + 2  # the start's run, lost with its worker; its run again; the candidate's
+    got = run.usage.task
+    assert (got.calls, got.prompt_tokens, got.completion_tokens, got.cached_tokens) == task
+    assert got.cost == pytest.approx(served_cost(records, TASK), rel=1e-9)

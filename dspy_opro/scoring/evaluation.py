@@ -35,6 +35,7 @@ import dspy
 from dspy_opro.compat import AdapterParseError, ContextWindowExceededError
 from dspy_opro.errors import EmptyResponseError, classify_exception, clean_text, describe_exception
 from dspy_opro.record.state import ModelUsage
+from dspy_opro.scoring.dask_usage import AttemptReporter, UsageChannel
 from dspy_opro.scoring.usage import UsageCapture
 from dspy_opro.selection import SelectionPolicy
 from dspy_opro.task.data import NO_REFERENCE_NOTE, render_fields
@@ -178,6 +179,7 @@ class ExampleJob:
     keep_trace: bool = False  # record the DSPy trace: handed to the metric, and returned when there is no metric
     metric_takes_trace: bool = True  # call metric(example, prediction, trace); else metric(example, prediction)
     judge_failures: bool = False  # label-free: a run the program failed goes to the metric (the judge) as well
+    usage_channel: UsageChannel | None = None  # on a Dask cluster: where each attempt reports its usage as it is paid
 
 
 @dataclass
@@ -196,6 +198,7 @@ class ExampleResult:
     model: str | None = None  # the model a fatal or infra error names, when the error says
     anchor: str | None = None  # label-free OPRO: the starting program's run, rendered, that candidates are judged by
     counted: bool = False  # an error max_errors counts (the metric's, or the program's own but for a parse failure)
+    attempt: str | None = None  # the id of the Dask attempt that made this result (its usage is in ``usage``)
 
 
 # How long a failed evaluation waits for LM calls its program started on other threads and left running: they
@@ -208,9 +211,21 @@ def run_example(job: ExampleJob, *, transport_retries: int = 1) -> ExampleResult
 
     The program's exceptions are classified by :func:`dspy_opro.errors.classify_exception`. So are the metric's: an
     LM error inside the metric (an LLM judge) is retried once when transient and stops the run when fatal, like the
-    program's; any other exception of the metric is a ``metric_error``.
+    program's; any other exception of the metric is a ``metric_error``. On a Dask worker, a job tagged with a usage
+    channel reports its usage after every LM call (:mod:`dspy_opro.scoring.dask_usage`), and the result names its
+    attempt.
     """
     capture = UsageCapture()
+    reporter = AttemptReporter.on_this_worker(job.usage_channel, capture.result)
+    if reporter is None:
+        return _run_example(job, capture, transport_retries)
+    capture.on_call = reporter.report
+    result = _run_example(job, capture, transport_retries)
+    result.attempt = reporter.attempt
+    return result
+
+
+def _run_example(job: ExampleJob, capture: UsageCapture, transport_retries: int) -> ExampleResult:
     prediction: Any = None
     trace: list[Any] = []
     program_error: str | None = None

@@ -15,6 +15,12 @@ read, and what its LM calls cost, should they ever return, is not counted (the p
 threads are daemon threads, so neither an abandoned evaluation nor Ctrl-C waits for them: the process ends at once,
 and :meth:`Evaluator.take_finished` hands over the evaluations that finished but were not yet consumed, so the run
 records them before it saves.
+
+On a Dask cluster an evaluation can be paid for more than once: a worker that dies mid-evaluation (Dask reruns the
+task, or the evaluator resubmits it after ``KilledWorker``), or a result lost with its worker and computed again.
+Each attempt reports its usage to the scheduler as it is paid (:mod:`dspy_opro.scoring.dask_usage`), and the result
+that is recorded carries, besides its own usage, that of the job's lost attempts (all of them when the job finally
+failed), so the record's task usage and ``max_cost`` see every call the provider served.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import Any
 from dspy_opro.compat import current_context, run_in_context
 from dspy_opro.errors import OPRORunError, describe_exception
 from dspy_opro.record.state import RunState, budget_spent
+from dspy_opro.scoring.dask_usage import UsageLedger, add_usage, dask_client, submit_to_dask
 from dspy_opro.scoring.evaluation import ExampleJob, ExampleResult, run_example
 
 logger = logging.getLogger(__name__)
@@ -89,6 +96,7 @@ class Batch:
                     if job is None:
                         jobs_left = False
                         break
+                    job = evaluator.tag(job)  # before its first submission: every attempt reports on one channel
                     pending[evaluator.submit(job)] = (job, 0, time.monotonic())
                 if not pending:
                     return
@@ -112,7 +120,7 @@ class Batch:
                             continue
                         result = ExampleResult(job.candidate_id, job.index, "infra", error=describe_exception(exc),
                                                split=job.split)
-                    yield result
+                    yield evaluator.settle(job, result)
                 for future in self._overdue(pending):
                     job, resubmits, _started = pending.pop(future)
                     evaluator.abandon(future)
@@ -123,7 +131,8 @@ class Batch:
                                        "retrying once", job.split, job.index, evaluator.timeout)
                         pending[evaluator.submit(job)] = (job, resubmits + 1, time.monotonic())
                         continue
-                    yield ExampleResult(job.candidate_id, job.index, "infra", error=error, split=job.split)
+                    yield evaluator.settle(job, ExampleResult(job.candidate_id, job.index, "infra", error=error,
+                                                              split=job.split))
         finally:
             for future in pending:  # an exception in the consumer, or Ctrl-C: start nothing more
                 future.cancel()
@@ -186,7 +195,10 @@ class Evaluator:
         self.timeout = timeout
         self._external = executor
         self._pool: cf.Executor | None = None
-        self._unconsumed: set[cf.Future[ExampleResult]] = set()  # submitted, neither consumed nor abandoned
+        self._unconsumed: dict[cf.Future[ExampleResult], ExampleJob] = {}  # submitted, neither consumed nor abandoned
+        self._dask = dask_client(executor)  # the client of a Dask executor, else None
+        self._ledger: UsageLedger | None = None  # a Dask executor's: what lost attempts cost (made at the first job)
+        self._dask_futures: dict[cf.Future[ExampleResult], Any] = {}  # a Dask task's future, until it is released
         self._lock = threading.Lock()
         self.abandoned = 0
 
@@ -196,13 +208,35 @@ class Evaluator:
         # a queue of twice their width hides the round trip to remote workers.
         return self.num_threads if self._external is None else max(self.num_threads, 8) * 2
 
+    def tag(self, job: ExampleJob) -> ExampleJob:
+        """``job`` as it is submitted: on a Dask executor, with the usage channel its attempts report on."""
+        if self._dask is None:
+            return job
+        if self._ledger is None:
+            self._ledger = UsageLedger(self._dask)
+        return self._ledger.tag(job)
+
+    def settle(self, job: ExampleJob, result: ExampleResult) -> ExampleResult:
+        """``result`` with the usage of the job's lost attempts added (a Dask executor's; else as it is), once."""
+        if self._ledger is None:
+            return result
+        lost = self._ledger.settle(job.usage_channel, result.attempt)
+        if lost:
+            result.usage = add_usage(result.usage, lost)
+        return result
+
     def submit(self, job: ExampleJob) -> cf.Future[ExampleResult]:
         future = self._submit(job)
         with self._lock:
-            self._unconsumed.add(future)
+            self._unconsumed[future] = job
         return future
 
     def _submit(self, job: ExampleJob) -> cf.Future[ExampleResult]:
+        if self._external is not None and self._dask is not None:
+            future, dask_future = submit_to_dask(self._external, self._dask, run_example, job)
+            with self._lock:
+                self._dask_futures[future] = dask_future
+            return future
         if self._external is not None:
             return self._external.submit(run_example, job)
         if self._pool is None:
@@ -214,24 +248,42 @@ class Evaluator:
                                  run_example, job)
 
     def consume(self, future: cf.Future[ExampleResult]) -> ExampleResult:
-        """The result of a finished evaluation, handed over once (it raises what the worker raised)."""
+        """The result of a finished evaluation, handed over once (it raises what the worker raised), with the usage of
+        its job's lost attempts."""
         with self._lock:
-            self._unconsumed.discard(future)
-        return future.result()
+            job = self._unconsumed.pop(future, None)
+        try:
+            result = future.result()
+        finally:
+            self._release([future])
+        return self.settle(job, result) if job is not None else result
+
+    def _release(self, futures: Iterable[cf.Future[ExampleResult]] | None = None) -> None:
+        """Let Dask forget these tasks (None: all): a result it still held would be computed (and paid for) again
+        whenever the worker holding it died."""
+        with self._lock:
+            chosen = list(self._dask_futures) if futures is None else futures
+            dask_futures = [self._dask_futures.pop(f) for f in chosen if f in self._dask_futures]
+        for dask_future in dask_futures:
+            dask_future.release()
 
     def abandon(self, future: cf.Future[ExampleResult]) -> None:
         """Give up on an overdue evaluation: its result, whenever it comes, is never read."""
         future.cancel()
         with self._lock:
-            self._unconsumed.discard(future)
+            self._unconsumed.pop(future, None)
             self.abandoned += 1
+        self._release([future])
 
     def take_finished(self) -> list[ExampleResult]:
         """The evaluations that finished but were never consumed (a run stopped by Ctrl-C or an error), once."""
         with self._lock:
-            finished = [f for f in self._unconsumed if f.done() and not f.cancelled() and f.exception() is None]
+            finished = [(f, job) for f, job in self._unconsumed.items()
+                        if f.done() and not f.cancelled() and f.exception() is None]
             self._unconsumed.clear()
-        return [future.result() for future in finished]
+        results = [self.settle(job, future.result()) for future, job in finished]
+        self._release()
+        return results
 
     def run(self, jobs: Iterable[ExampleJob], budget: Budget) -> Batch:
         """The results of ``jobs``, run in order until done or the budget is spent (then ``stop_reason`` says why).
@@ -247,7 +299,11 @@ class Evaluator:
             for future in self._unconsumed:
                 future.cancel()
             self._unconsumed.clear()
+        self._release()
         self._pool = None
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
 
 
 def caller_context(job_context: Callable[[str, int], contextvars.Context] | None,

@@ -88,8 +88,9 @@ class _HistorySink:
         def append(self, entry: Any) -> None:  # nothing is stored: DSPy's history size limit never applies
             self._sink.receive(entry)
 
-    def __init__(self, tracker: _SharedTracker) -> None:
+    def __init__(self, tracker: _SharedTracker, after: Callable[[], None] | None = None) -> None:
         self._tracker = tracker
+        self._after = after  # called once a call is counted, on the thread that made it
         self._lock = threading.Lock()
         self.costs: dict[int, float] = {}  # id of a paid usage dict -> the cost of its call
         self.calls: dict[str, int] = {}  # model -> LM calls that returned (cache hits included)
@@ -106,6 +107,8 @@ class _HistorySink:
                 self.calls[model] = self.calls.get(model, 0) + 1
             if paid and isinstance(cost, (int, float)):
                 self.costs[id(usage)] = float(cost)
+        if self._after is not None:
+            self._after()
 
 
 class LMCallCounter(BaseCallback):
@@ -115,8 +118,9 @@ class LMCallCounter(BaseCallback):
     Thread-safe: DSPy hands the same callbacks to every thread a program fans out to.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, after: Callable[[], None] | None = None) -> None:
         self._idle = threading.Condition()
+        self._after = after  # called once a call ended, on the thread that made it
         self._models: dict[str, str] = {}  # calls in flight: call id -> model
         self.started = 0
         self.calls: dict[str, int] = {}
@@ -133,6 +137,8 @@ class LMCallCounter(BaseCallback):
                 self.calls[model] = self.calls.get(model, 0) + 1
             if not self._models:
                 self._idle.notify_all()
+        if self._after is not None:
+            self._after()
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no call is in flight (at most ``timeout`` seconds); whether that happened."""
@@ -187,9 +193,13 @@ class UsageCapture:
     from its first fork on. The user's own callbacks stay in force throughout.
     """
 
+    on_call: Callable[[], None] | None = None
+    """Called after each LM call the capture counted, on the thread that made it, before the program goes on (a
+    Dask worker reports the attempt's usage so far: :mod:`dspy_opro.scoring.dask_usage`)."""
+
     def __init__(self) -> None:
         self._tracker = _SharedTracker(on_fork=self._watch_in_flight)
-        self._sink = _HistorySink(self._tracker)
+        self._sink = _HistorySink(self._tracker, after=self._call_counted)
         self._lock = threading.Lock()
         self._callbacks: list[Any] | None = None  # the one callbacks list of every context of this capture
         self._counter: LMCallCounter | None = None
@@ -201,7 +211,8 @@ class UsageCapture:
                 return
             if self._callbacks is None:
                 self._callbacks = list(dspy.settings.get("callbacks") or [])
-            self._counter = LMCallCounter()
+            # The counter reports a call only where no history entry does (with DSPy's history turned off).
+            self._counter = LMCallCounter(after=None if _history_reaches_callers() else self._call_counted)
             self._callbacks.append(self._counter)  # in place: the contexts already entered see it
 
     def active(self, **overrides: Any) -> Any:
@@ -223,7 +234,12 @@ class UsageCapture:
         if usage is None or not model:
             return False
         self._tracker.add_usage(model, usage)
+        self._call_counted()
         return True
+
+    def _call_counted(self) -> None:
+        if self.on_call is not None:
+            self.on_call()
 
     def result(self, *, settle: float = 0.0) -> dict[str, ModelUsage]:
         """The usage captured so far, per model.
