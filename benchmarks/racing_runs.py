@@ -10,7 +10,7 @@ computed from the simulator's answer key (:func:`dspy_opro.testing.answers_corre
 Racing changes the meta-prompts (a raced-out candidate shows its partial mean), so after the first stop the
 trajectories may diverge and the returned instructions differ.
 
-    python benchmarks/racing_runs.py --jobs 3                  # 5 seeds, n = 50, 100, 200, 5 steps x 8
+    python benchmarks/racing_runs.py --seeds 6 --n 100,50,200 --jobs 2   # results/racing.md, 5 steps x 8
     python benchmarks/racing_runs.py --seeds 2 --n 50 --steps 2 --no-write
 """
 

@@ -98,7 +98,7 @@ def test_the_guarantee_for_a_candidate_at_least_as_good_as_every_other_on_a_fixe
         leaders += 1 in race.leaders()
     rate = stopped / trials
     assert rate <= 0.05
-    assert (stopped, leaders) == (21, 657)  # it ran in full as a leader in 657 of the 1000 steps
+    assert (stopped, leaders) == (23, 608)  # it ran in full as a leader in 608 of the 1000 steps
 
 
 def test_leaders_raise_the_bar_and_the_weak_stop_against_them():
@@ -106,7 +106,7 @@ def test_leaders_raise_the_bar_and_the_weak_stop_against_them():
     rng = np.random.default_rng(5)
     candidates = {1: with_total(100, 90, rng), 2: with_total(100, 50, rng), 3: with_total(100, 45, rng),
                   4: with_total(100, 85, rng)}
-    race = run_step(with_total(100, 20, rng), candidates)
+    race = run_step(with_total(100, 20, rng), candidates, lead_rule="always")
     assert LEAD_AFTER == 3
     assert race.leaders() == [1, 4]
     assert race.bar == (90, 1)
@@ -118,6 +118,33 @@ def test_leaders_raise_the_bar_and_the_weak_stop_against_them():
         assert race.looks(cid)[-1].against == 1 and race.looks(cid)[-1].stop
         assert race.looks(cid)[0].against == 0  # before the leaders, the incumbent was the bar
     assert [race.decision(cid).examples for cid in (2, 3)] == [20, 20]  # the first look after the leaders
+
+
+def test_a_front_runner_below_the_bars_rate_is_no_leader():
+    # The default rule: a front-runner runs in full only when its running rate is at least the bar's.
+    rng = np.random.default_rng(5)
+    candidates = {1: with_total(100, 90, rng), 2: with_total(100, 50, rng), 3: with_total(100, 45, rng),
+                  4: with_total(100, 85, rng)}
+    race = run_step(with_total(100, 20, rng), candidates)
+    # After 20 examples the 85 has 15 right, below the first leader's rate of 90 (18 of 20): no second leader, and
+    # it is stopped by the 90 at the next look instead of running in full (as it does with lead_rule="always").
+    assert race.leaders() == [1]
+    assert {cid: (race.decision(cid).action, race.decision(cid).examples) for cid in candidates} == {
+        1: ("complete", 100), 2: ("stop", 20), 3: ("stop", 20), 4: ("stop", 25)}
+    assert race.decision(4).stopped_by == 1
+
+    # A strong incumbent (80 right) and three proposals well below it: no front-runner is at its rate, so none
+    # runs in full; with lead_rule="always" two of them would, for 205 evaluations instead of 65.
+    rng = np.random.default_rng(7)
+    incumbent = with_total(100, 80, rng)
+    candidates = {1: with_total(100, 60, rng), 2: with_total(100, 55, rng), 3: with_total(100, 50, rng)}
+    for rule, leaders, examples in (("at_bar", [], [30, 5, 30]), ("always", [1, 3], [100, 5, 100])):
+        race = run_step(incumbent, candidates, lead_rule=rule)
+        assert race.leaders() == leaders
+        assert [race.decision(cid).examples for cid in candidates] == examples
+        assert sum(len(race.needed(cid)) for cid in candidates) == 0  # every race is over
+    with pytest.raises(ValueError, match="lead_rule must be"):
+        run_step(incumbent, candidates, lead_rule="sometimes")
 
 
 def test_decisions_do_not_depend_on_the_arrival_order():

@@ -15,7 +15,9 @@ stopped (``raced_out``) with its partial mean.
 **Leaders.** The incumbent is often weak early in a run, when most of a step's proposals beat it. So after the
 third look the candidate with the most right answers so far (ties: the lowest id) runs all its remaining examples
 at once, and after the fourth look the next one: once a leader is fully scored, its training total becomes the
-bar if it is higher, and the others race it from the next look on.
+bar if it is higher, and the others race it from the next look on. A front-runner becomes a leader only when its
+running rate of right answers is at least the bar's rate (the first leader's, at the fourth look): a leader below
+the bar cannot raise it, and running it in full would pay for examples the test would mostly have spared.
 
 **The test.** For binary scores (and ``n <= 500``) the threshold test of
 :func:`~dspy_opro.extensions.racing_stats.threshold_table`: an exact test, over the random order, that the
@@ -68,6 +70,8 @@ logger = logging.getLogger(__name__)
 SPENDING_POWER = 0.5  # the level spent by look j: alpha * (k_j / k_last) ** 0.5
 LEADERS = 2  # leaders per step, run in full early to raise the bar
 LEAD_AFTER = 3  # the first leader is chosen after the third look
+
+LeadRule = Literal["always", "second_at_bar", "at_bar"]
 
 Action = Literal["continue", "stop", "complete"]
 
@@ -166,6 +170,10 @@ class StepRace:
         power: The spending exponent of the tests (1: linear).
         decided: Candidates of the same step decided earlier, by id: their recorded scores (``None`` where not run)
             and the examples they raced to (where they stopped, or ``n``).
+        lead_rule: When a look's front-runner becomes a leader: ``"at_bar"`` (the default) only when its running
+            rate of right answers is at least the bar's rate (``right / k >= bar / n``), else no leader at that
+            look; ``"second_at_bar"`` the first leader always and the second under that condition; ``"always"``
+            every time (0.3.0 before issue 24's second round, kept for the benchmarks' comparison).
     """
 
     def __init__(
@@ -183,6 +191,7 @@ class StepRace:
         lead_after: int = LEAD_AFTER,
         power: float = SPENDING_POWER,
         decided: Mapping[int, tuple[Sequence[float | None], int]] | None = None,
+        lead_rule: LeadRule = "at_bar",
     ) -> None:
         check_alpha(alpha)
         n = len(order)
@@ -206,6 +215,9 @@ class StepRace:
         self._lead_at = set(range(lead_after - 1, lead_after - 1 + leaders)) if self.test == "threshold" else set()
         self._bar = math.ceil(sum(self._incumbent) - 1e-9)
         self._bar_id = incumbent_id
+        if lead_rule not in ("always", "second_at_bar", "at_bar"):
+            raise ValueError(f"lead_rule must be 'always', 'second_at_bar' or 'at_bar', got {lead_rule!r}")
+        self._lead_rule: LeadRule = lead_rule
         self._bars_applied: set[int] = set()
 
         def coins(cid: int) -> np.ndarray:
@@ -340,8 +352,12 @@ class StepRace:
             contenders = [cid for cid in racing if self._entrants[cid].stopped_at is None]
             if contenders:  # the most right answers so far (ties: the lowest id) runs in full now
                 leader = max(contenders, key=lambda cid: (self._entrants[cid].right(self._order, k), -cid))
-                self._entrants[leader].leader = True
-                logger.debug("Candidate %d leads after %d examples and runs in full", leader, k)
+                chosen = sum(e.leader for e in self._entrants.values())
+                conditional = self._lead_rule == "at_bar" or (self._lead_rule == "second_at_bar" and chosen >= 1)
+                # A conditional leader runs in full only when its running rate is at least the bar's.
+                if not conditional or self._entrants[leader].right(self._order, k) * self.n >= self._bar * k:
+                    self._entrants[leader].leader = True
+                    logger.debug("Candidate %d leads after %d examples and runs in full", leader, k)
 
     def decision(self, cid: int) -> Decision:
         """Where candidate ``cid``'s race stands."""
