@@ -36,6 +36,7 @@ import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -95,6 +96,29 @@ def held_out(*, seed: int, n: int = 120, steps: int = 3, candidates: int = 8) ->
     return Landscape(start=start, steps=drawn)
 
 
+def race_step(proposals: np.ndarray, incumbent: np.ndarray, *, order: list[int], schedule: Any, alpha: float,
+              seed: int, options: dict[str, Any]) -> tuple[int, set[int]]:
+    """One step's race of ``proposals`` (ids 1..k) against ``incumbent`` (id 0): its metric calls and the stopped."""
+    ids = list(range(1, len(proposals) + 1))
+    step = StepRace(incumbent=list(incumbent), entrants=ids, order=order, schedule=schedule, alpha=alpha, seed=seed,
+                    incumbent_id=0, **options)
+    calls = 0
+    while rounds := step.next_round():
+        for cid, examples in rounds.items():
+            for e in examples:
+                step.record(cid, e, float(proposals[cid - 1][e]))
+                calls += 1
+    return calls, {cid for cid in ids if step.decision(cid).action == "stop"}
+
+
+def wrong_drops(proposals: np.ndarray, incumbent: np.ndarray, stopped: set[int]) -> tuple[int, int]:
+    """The step's proposals at least as good as the incumbent and the step's best (protected), and those stopped."""
+    means = proposals.mean(axis=1)
+    protected = [cid for cid in range(1, len(proposals) + 1)
+                 if means[cid - 1] >= incumbent.mean() and means[cid - 1] >= means.max()]
+    return len(protected), sum(cid in stopped for cid in protected)
+
+
 def race(landscape: Landscape, *, mode: str, seed: int, alpha: float) -> Outcome:
     """Score the landscape step by step in one mode."""
     n = len(landscape.start)
@@ -111,19 +135,11 @@ def race(landscape: Landscape, *, mode: str, seed: int, alpha: float) -> Outcome
         else:
             options = dict(LEGACY_OPTIONS) if mode == "old" else {}
             schedule = legacy_schedule(n) if mode == "old" else RacingSchedule.build(n)
-            step = StepRace(incumbent=list(incumbent), entrants=ids, order=order, schedule=schedule, alpha=alpha,
-                            seed=seed, incumbent_id=0, **options)
-            while rounds := step.next_round():
-                for cid, examples in rounds.items():
-                    for e in examples:
-                        step.record(cid, e, float(proposals[cid - 1][e]))
-                        calls += 1
-            stopped = {cid for cid in ids if step.decision(cid).action == "stop"}
-        means = proposals.mean(axis=1)
-        for cid in ids:
-            if means[cid - 1] >= incumbent.mean() and means[cid - 1] >= means.max():
-                protected += 1
-                wrong += cid in stopped
+            step_calls, stopped = race_step(proposals, incumbent, order=order, schedule=schedule, alpha=alpha,
+                                            seed=seed, options=options)
+            calls += step_calls
+        step_protected, step_wrong = wrong_drops(proposals, incumbent, stopped)
+        protected, wrong = protected + step_protected, wrong + step_wrong
         scored += [proposals[cid - 1] for cid in ids if cid not in stopped]
     return Outcome(metric_calls=calls, winner_mean=max(s.mean() for s in scored), wrong_drops=wrong,
                    protected=protected)

@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from racing_simulation import Landscape, drifting, held_out  # noqa: E402
+from racing_simulation import Landscape, drifting, held_out, race_step, wrong_drops  # noqa: E402
 
 from dspy_opro.extensions.racing import StepRace  # noqa: E402
 from dspy_opro.extensions.racing_stats import RacingSchedule, example_order  # noqa: E402
@@ -57,21 +57,11 @@ def run(landscape: Landscape, *, seed: int, alpha: float, options: dict[str, Any
     scored, calls, wrong, protected = [landscape.start], n, 0, 0
     for proposals in landscape.steps:
         incumbent = max(scored, key=lambda s: s.mean())
-        ids = list(range(1, len(proposals) + 1))
-        step = StepRace(incumbent=list(incumbent), entrants=ids, order=order, schedule=schedule, alpha=alpha,
-                        seed=seed, incumbent_id=0, **options)
-        while rounds := step.next_round():
-            for cid, examples in rounds.items():
-                for e in examples:
-                    step.record(cid, e, float(proposals[cid - 1][e]))
-                    calls += 1
-        stopped = {cid for cid in ids if step.decision(cid).action == "stop"}
-        means = proposals.mean(axis=1)
-        for cid in ids:
-            if means[cid - 1] >= incumbent.mean() and means[cid - 1] >= means.max():
-                protected += 1
-                wrong += cid in stopped
-        scored += [proposals[cid - 1] for cid in ids if cid not in stopped]
+        step_calls, stopped = race_step(proposals, incumbent, order=order, schedule=schedule, alpha=alpha, seed=seed,
+                                        options=options)
+        step_protected, step_wrong = wrong_drops(proposals, incumbent, stopped)
+        calls, protected, wrong = calls + step_calls, protected + step_protected, wrong + step_wrong
+        scored += [proposals[cid - 1] for cid in range(1, len(proposals) + 1) if cid not in stopped]
     return calls, max(s.mean() for s in scored), wrong, protected
 
 
