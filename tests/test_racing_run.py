@@ -63,14 +63,14 @@ def test_a_clearly_worse_candidate_stops_and_the_rest_run_in_full():
     looks = RacingSchedule.build(N).looks
     table = threshold_table(N, looks, 0.05, 0.5)
     # Step 0 races the start (0 right: no bar). After the third look (15 examples) the candidate with the most right
-    # answers, "Answer." x 80, leads and runs in full; from the fourth look (20) its 80 is the bar, and the 30 and
-    # the 50 are below it there.
+    # answers, "Answer." x 80, leads and runs in full while the others wait; its 80 becomes the bar, and the 30 and
+    # the 50 are tested again at once, below it at 15 examples.
     assert max(range(3), key=lambda i: right_in_first([80, 30, 50][i], 15)) == 0
-    assert all(right_in_first(skill, 20) <= table[80][3] for skill in (30, 50))
+    assert all(right_in_first(skill, 15) <= table[80][2] for skill in (30, 50))
     assert first.status == "scored" and first.race.looks[-1].examples == 15
     for text in (better(30, "Think."), better(50, "Go.")):
         candidate = by_text[text]
-        assert candidate.status == "raced_out" and candidate.reason == "raced out after 20 of 100"
+        assert candidate.status == "raced_out" and candidate.reason == "raced out after 15 of 100"
         assert candidate.race.stopped_by == first.id and candidate.race.looks[-1].against == first.id
     # Step 1 races the 80: the 10 is below it at the first look (1 right of the first 5, at most table[80][0] = 1).
     assert (right_in_first(10, 5), table[80][0]) == (1, 1)
@@ -78,12 +78,13 @@ def test_a_clearly_worse_candidate_stops_and_the_rest_run_in_full():
     assert worse.score == pytest.approx(0.2) and sum(s is not None for s in worse.scores) == 5
     assert worse.race.against == first.id and worse.race.stopped_by == first.id and worse.race.stopped_at == 5
     assert [look.stop for look in worse.race.looks] == [True]
-    # The 90 leads after 15 examples; the 80 that equals the incumbent is below the leader's 90 at 20.
+    # The 90 leads after 15 examples; the 80 that equals the incumbent is below the leader's 90 at those 15.
     assert best.status == "scored" and best.race.stopped_at is None
-    assert right_in_first(80, 20) <= table[90][3]
-    assert equal.status == "raced_out" and equal.race.stopped_by == best.id and equal.race.stopped_at == 20
-    # Requests at the task engine: start 100; step 0 100 + 20 + 20; step 1 5 + 20 + 100; step 2 one new x 100.
-    assert len(task_engine.requests) == run.metric_calls == 100 + 140 + 125 + 100
+    assert (right_in_first(80, 15), table[90][2]) == (9, 10)
+    assert equal.status == "raced_out" and equal.race.stopped_by == best.id and equal.race.stopped_at == 15
+    assert (equal.race.looks[-1].examples, equal.race.looks[-1].better) == (15, 9)
+    # Requests at the task engine: start 100; step 0 100 + 15 + 15; step 1 5 + 15 + 100; step 2 one new x 100.
+    assert len(task_engine.requests) == run.metric_calls == 100 + 130 + 120 + 100
     assert [s.race_against for s in run.steps] == [0, first.id, best.id]
     # The raced-out candidate is in later meta-prompts with its partial mean, never returned.
     assert (better(10), 0.2, 1) in predictor_history(run, "self")

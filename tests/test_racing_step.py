@@ -98,7 +98,9 @@ def test_the_guarantee_for_a_candidate_at_least_as_good_as_every_other_on_a_fixe
         leaders += 1 in race.leaders()
     rate = stopped / trials
     assert rate <= 0.05
-    assert (stopped, leaders) == (23, 608)  # it ran in full as a leader in 608 of the 1000 steps
+    # It ran in full as a leader in 608 of the 1000 steps. Testing the waiting candidates again against a raised bar
+    # spends more of the level than testing them at the next look only (23 stops then), still within alpha.
+    assert (stopped, leaders) == (31, 608)
 
 
 def test_leaders_raise_the_bar_and_the_weak_stop_against_them():
@@ -117,7 +119,8 @@ def test_leaders_raise_the_bar_and_the_weak_stop_against_them():
         assert decision.stopped_by == 1
         assert race.looks(cid)[-1].against == 1 and race.looks(cid)[-1].stop
         assert race.looks(cid)[0].against == 0  # before the leaders, the incumbent was the bar
-    assert [race.decision(cid).examples for cid in (2, 3)] == [20, 20]  # the first look after the leaders
+    # They waited at the third look (15 examples) while the leader ran, and were tested again there against its 90.
+    assert [race.decision(cid).examples for cid in (2, 3)] == [15, 15]
 
 
 def test_a_front_runner_below_the_bars_rate_is_no_leader():
@@ -126,11 +129,12 @@ def test_a_front_runner_below_the_bars_rate_is_no_leader():
     candidates = {1: with_total(100, 90, rng), 2: with_total(100, 50, rng), 3: with_total(100, 45, rng),
                   4: with_total(100, 85, rng)}
     race = run_step(with_total(100, 20, rng), candidates)
-    # After 20 examples the 85 has 15 right, below the first leader's rate of 90 (18 of 20): no second leader, and
-    # it is stopped by the 90 at the next look instead of running in full (as it does with lead_rule="always").
+    # The 50 and the 45 stop at 15 examples as soon as the leader's 90 is the bar. After 20 examples the 85 has 15
+    # right, below the leader's rate of 90 (18 of 20): no second leader, and it is stopped by the 90 at the next
+    # look instead of running in full (as it does with lead_rule="always").
     assert race.leaders() == [1]
     assert {cid: (race.decision(cid).action, race.decision(cid).examples) for cid in candidates} == {
-        1: ("complete", 100), 2: ("stop", 20), 3: ("stop", 20), 4: ("stop", 25)}
+        1: ("complete", 100), 2: ("stop", 15), 3: ("stop", 15), 4: ("stop", 25)}
     assert race.decision(4).stopped_by == 1
 
     # A strong incumbent (80 right) and three proposals well below it: no front-runner is at its rate, so none

@@ -261,11 +261,16 @@ class StepRace:
 
     def needed(self, cid: int) -> list[int]:
         """The examples candidate ``cid`` runs next: up to the next look (a leader, and everyone after the last
-        look: all the rest)."""
+        look: all the rest; nothing while a leader runs)."""
         entrant = self._entrants[cid]
         if entrant.frozen_stop is not None or entrant.withdrawn or entrant.stopped_at is not None:
             return []
-        upto = self.n if entrant.leader else self._upto()
+        if entrant.leader:
+            upto = self.n
+        elif self._leader_running():
+            return []  # the leader's total may stop this candidate where it stands: no example before it is in
+        else:
+            upto = self._upto()
         return [e for e in self._order[:upto] if e not in entrant.scores]
 
     def next_round(self) -> dict[int, list[int]]:
@@ -300,26 +305,59 @@ class StepRace:
         for entrant in self._entrants.values():
             while entrant.prefix < self.n and self._order[entrant.prefix] in entrant.scores:
                 entrant.prefix += 1
-        while self._next_look < len(self._looks):
+        while not self._leader_running():  # a leader's full score may raise the bar before any further look
+            if self._raise_bar():
+                self._retest()
+            if self._next_look >= len(self._looks):
+                return
             k = self._looks[self._next_look]
             racing = [cid for cid in sorted(self._entrants) if self._racing(cid)]
             if any(self._entrants[cid].prefix < k for cid in racing):
                 return
-            leaders = [cid for cid, e in self._entrants.items() if e.leader and not e.withdrawn]
-            if any(self._entrants[cid].prefix < self.n for cid in leaders):
-                return  # a leader's full score may raise the bar before this look
-            self._raise_bar(leaders)
             self._take_look(self._next_look, k, racing)
             self._next_look += 1
 
-    def _raise_bar(self, leaders: list[int]) -> None:
-        for cid in sorted(leaders):
+    def _leader_running(self) -> bool:
+        return any(e.leader and not e.withdrawn and e.prefix < self.n for e in self._entrants.values())
+
+    def _raise_bar(self) -> bool:
+        """Make the highest training total of the fully scored leaders the bar; whether it rose."""
+        raised = False
+        for cid in sorted(cid for cid, e in self._entrants.items() if e.leader and not e.withdrawn):
             if cid in self._bars_applied:
                 continue
             self._bars_applied.add(cid)
             total = math.ceil(sum(self._entrants[cid].scores.values()) - 1e-9)
             if total > self._bar:
                 self._bar, self._bar_id = total, cid
+                raised = True
+        return raised
+
+    def _retest(self) -> None:
+        """Test every candidate still racing again, at each look it has passed, against the bar just raised.
+
+        No example is run for it: the candidates waited at their last look while the leader ran. The counts are
+        monotone in the bar, so a stop here is a crossing of the table at the candidate's own total whenever that
+        total is at least the bar, and the guarantee holds as for a stop at a look.
+        """
+        if self.test != "threshold" or self._next_look == 0:
+            return
+        table = threshold_table(self.n, self._looks, self._alpha, self._power)
+        taken = self._looks[self._next_look - 1]
+        for cid in sorted(self._entrants):
+            entrant = self._entrants[cid]
+            if entrant.frozen_stop is not None or not self._racing(cid):
+                continue  # a decided candidate stops where its record says, at that look
+            for index, k in reversed(list(enumerate(self._looks[: self._next_look]))):  # the latest look first
+                right, critical = entrant.right(self._order, k), int(table[self._bar, index])
+                if right <= critical:
+                    entrant.looks.append(Look(examples=k, worse=k - right, better=right, critical=k - critical,
+                                              spent=self._alpha * (k / self._looks[-1]) ** self._power, stop=True,
+                                              against=self._bar_id))
+                    entrant.stopped_at, entrant.stopped_by = taken, self._bar_id
+                    logger.debug("Candidate %d raced out after %d of %d examples against the raised bar: %s", cid,
+                                 taken, self.n, entrant.looks[-1])
+                    break
 
     def _take_look(self, index: int, k: int, racing: list[int]) -> None:
         table = threshold_table(self.n, self._looks, self._alpha, self._power) if self.test == "threshold" else None
