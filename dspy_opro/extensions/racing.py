@@ -70,6 +70,7 @@ logger = logging.getLogger(__name__)
 SPENDING_POWER = 0.5  # the level spent by look j: alpha * (k_j / k_last) ** 0.5
 LEADERS = 2  # leaders per step, run in full early to raise the bar
 LEAD_AFTER = 3  # the first leader is chosen after the third look
+SCOUTS = 4  # front-runners racing ahead for each lead
 
 LeadRule = Literal["always", "second_at_bar", "at_bar"]
 
@@ -133,11 +134,13 @@ class _SignPair:
 class _Entrant:
     scores: dict[int, float]
     coins: np.ndarray
-    frozen_stop: int | None = None  # decided earlier: where it stopped (n: ran in full); None: racing now
-    prefix: int = 0
+    decided: int | None = None  # decided in an earlier compile: the examples it raced (n: ran in full); else None
+    prefix: int = 0  # the first `prefix` examples of the order are in
+    position: int = 0  # the examples the race has asked of it and taken decisions on
     stopped_at: int | None = None
     stopped_by: int | None = None
     withdrawn: bool = False
+    scout_to: int | None = None  # running ahead to this many examples, in a tournament for the lead
     leader: bool = False
     sign: _SignPair | None = None
     looks: list[Look] = dataclasses.field(default_factory=list)
@@ -167,13 +170,17 @@ class StepRace:
         leaders: How many leaders run in full early to raise the bar (threshold test only).
         lead_after: The look (counted from 1) after which the first leader is chosen; the next ones after the
             following looks.
+        scouts: How many front-runners race ahead for each lead (1: the front-runner leads at once). They run to
+            twice the examples of the look that chose them, waiting for each other; the better half by right
+            answers goes on to twice that again, until one is left, which leads.
         power: The spending exponent of the tests (1: linear).
-        decided: Candidates of the same step decided earlier, by id: their recorded scores (``None`` where not run)
-            and the examples they raced to (where they stopped, or ``n``).
-        lead_rule: When a look's front-runner becomes a leader: ``"at_bar"`` (the default) only when its running
-            rate of right answers is at least the bar's rate (``right / k >= bar / n``), else no leader at that
-            look; ``"second_at_bar"`` the first leader always and the second under that condition; ``"always"``
-            every time (0.3.0 before issue 24's second round, kept for the benchmarks' comparison).
+        decided: Candidates of the same step decided in an earlier compile, by id: their recorded scores (``None``
+            where not run) and the examples they raced (where they stopped, or ``n``). They take part with those
+            scores, as they did then, and never run an example again.
+        lead_rule: When a front-runner leads: ``"at_bar"`` (the default) only when its running rate of right
+            answers is at least the bar's rate (``right / k >= bar / n``), else no leader at that look;
+            ``"second_at_bar"`` the first leader always and the second under that condition; ``"always"`` every
+            time (0.3.0 before issue 24's second round, kept for the benchmarks' comparison).
     """
 
     def __init__(
@@ -189,6 +196,7 @@ class StepRace:
         test: Literal["auto", "threshold", "sign"] = "auto",
         leaders: int = LEADERS,
         lead_after: int = LEAD_AFTER,
+        scouts: int = SCOUTS,
         power: float = SPENDING_POWER,
         decided: Mapping[int, tuple[Sequence[float | None], int]] | None = None,
         lead_rule: LeadRule = "at_bar",
@@ -204,6 +212,10 @@ class StepRace:
         if len(set(entrants)) != len(entrants) or set(entrants) & set(decided) or incumbent_id in entrants:
             raise ValueError(f"candidate ids must be distinct: entrants {list(entrants)}, decided {sorted(decided)}, "
                              f"incumbent {incumbent_id}")
+        if lead_rule not in ("always", "second_at_bar", "at_bar"):
+            raise ValueError(f"lead_rule must be 'always', 'second_at_bar' or 'at_bar', got {lead_rule!r}")
+        if isinstance(scouts, bool) or not isinstance(scouts, int) or scouts < 1:
+            raise ValueError(f"scouts must be a positive integer, got {scouts!r}")
         self._incumbent = [_check_score(v, f"incumbent score of example {i}") for i, v in enumerate(incumbent)]
         if test == "auto":
             test = "threshold" if _is_binary(self._incumbent) and n <= MAX_THRESHOLD_N else "sign"
@@ -213,11 +225,12 @@ class StepRace:
         self._looks = schedule.looks
         self._alpha, self._power = float(alpha), float(power)
         self._lead_at = set(range(lead_after - 1, lead_after - 1 + leaders)) if self.test == "threshold" else set()
+        self._scouts_per_lead = scouts
+        self._lead_rule: LeadRule = lead_rule
+        self._leads = 0  # leads started (a tournament of scouts or a leader at once)
+        self._scouts: list[int] = []  # the running tournament's scouts
         self._bar = math.ceil(sum(self._incumbent) - 1e-9)
         self._bar_id = incumbent_id
-        if lead_rule not in ("always", "second_at_bar", "at_bar"):
-            raise ValueError(f"lead_rule must be 'always', 'second_at_bar' or 'at_bar', got {lead_rule!r}")
-        self._lead_rule: LeadRule = lead_rule
         self._bars_applied: set[int] = set()
 
         def coins(cid: int) -> np.ndarray:
@@ -234,7 +247,12 @@ class StepRace:
             known = {i: _check_score(v, f"score of example {i}") for i, v in enumerate(scores) if v is not None}
             if len(scores) != n or any(e not in known for e in self._order[:raced_to]):
                 raise ValueError(f"decided candidate {cid} has no score on some of the {raced_to} examples it raced")
-            self._entrants[cid] = _Entrant(scores=known, coins=coins(cid), frozen_stop=raced_to, prefix=n)
+            entrant = _Entrant(scores={e: known[e] for e in self._order[:raced_to]}, coins=coins(cid),
+                               decided=raced_to)
+            if self.test == "sign":
+                entrant.sign = _SignPair(test=SequentialSignTest(alpha=alpha, looks=self._looks, power=power),
+                                         coins=entrant.coins)
+            self._entrants[cid] = entrant
         self._next_look = 0  # index into the looks
         self._asked: dict[int, list[int]] = {}
         self._advance()
@@ -250,24 +268,25 @@ class StepRace:
         return self._bar, self._bar_id
 
     def _racing(self, cid: int) -> bool:
-        """Still taking looks: neither stopped, withdrawn nor a leader (a decided one only up to its stop)."""
+        """Taking looks: neither stopped, withdrawn, a leader nor a scout."""
         entrant = self._entrants[cid]
-        if entrant.stopped_at is not None or entrant.withdrawn or entrant.leader:
-            return False
-        return entrant.frozen_stop is None or self._upto() <= entrant.frozen_stop
+        return not (entrant.stopped_at is not None or entrant.withdrawn or entrant.leader
+                    or entrant.scout_to is not None)
 
     def _upto(self) -> int:
         return self._looks[self._next_look] if self._next_look < len(self._looks) else self.n
 
     def needed(self, cid: int) -> list[int]:
-        """The examples candidate ``cid`` runs next: up to the next look (a leader, and everyone after the last
-        look: all the rest; nothing while a leader runs)."""
+        """The examples candidate ``cid`` runs next: up to the next look (a leader: all the rest; a scout: up to
+        its mark; everyone after the last look: all the rest); nothing while a leader or the scouts run."""
         entrant = self._entrants[cid]
-        if entrant.frozen_stop is not None or entrant.withdrawn or entrant.stopped_at is not None:
+        if entrant.decided is not None or entrant.withdrawn or entrant.stopped_at is not None:
             return []
         if entrant.leader:
             upto = self.n
-        elif self._leader_running():
+        elif entrant.scout_to is not None:
+            upto = entrant.scout_to
+        elif self._running_ahead():
             return []  # the leader's total may stop this candidate where it stands: no example before it is in
         else:
             upto = self._upto()
@@ -286,13 +305,13 @@ class StepRace:
         return dict(self._asked)
 
     def record(self, cid: int, example: int, score: float) -> None:
-        """Buffer one result of a racing candidate and take every look it completes.
+        """Buffer one result of a racing candidate and take every decision it completes.
 
         Raises:
             ValueError: On an unknown candidate or example, a repeated example, or a score outside ``[0, 1]``.
         """
         entrant = self._entrants.get(cid)
-        if entrant is None or entrant.frozen_stop is not None:
+        if entrant is None or entrant.decided is not None:
             raise ValueError(f"candidate {cid} is not racing in this step")
         if example not in self._position:
             raise ValueError(f"example {example!r} is not one of the {self.n} training examples")
@@ -301,37 +320,89 @@ class StepRace:
         entrant.scores[example] = _check_score(score, f"score of example {example}")
         self._advance()
 
+    # -- the decisions -------------------------------------------------------------------------------------------
+
     def _advance(self) -> None:
         for entrant in self._entrants.values():
             while entrant.prefix < self.n and self._order[entrant.prefix] in entrant.scores:
                 entrant.prefix += 1
-        while not self._leader_running():  # a leader's full score may raise the bar before any further look
+        while not self._running_ahead():  # a leader's full score may raise the bar before any further look
+            if self._scouts:
+                self._narrow_scouts()
+                continue
             if self._raise_bar():
                 self._retest()
             if self._next_look >= len(self._looks):
                 return
             k = self._looks[self._next_look]
+            for cid in sorted(self._entrants):
+                if self._racing(cid):
+                    self._hold_decided(cid, k)
             racing = [cid for cid in sorted(self._entrants) if self._racing(cid)]
             if any(self._entrants[cid].prefix < k for cid in racing):
                 return
             self._take_look(self._next_look, k, racing)
             self._next_look += 1
 
-    def _leader_running(self) -> bool:
-        return any(e.leader and not e.withdrawn and e.prefix < self.n for e in self._entrants.values())
+    def _hold_decided(self, cid: int, upto: int) -> None:
+        """A decided candidate never runs again: asked beyond what it raced, it stops there, as it did then (only
+        reached if the race has changed since it was decided)."""
+        entrant = self._entrants[cid]
+        if entrant.decided is not None and entrant.prefix < upto and entrant.stopped_at is None:
+            entrant.scout_to, entrant.leader = None, False
+            entrant.stopped_at, entrant.stopped_by = entrant.decided, self._bar_id
+
+    def _running_ahead(self) -> bool:
+        """A leader, or a scout, has examples still to come."""
+        for cid in sorted(self._entrants):
+            entrant = self._entrants[cid]
+            if entrant.withdrawn or entrant.stopped_at is not None:
+                continue
+            mark = self.n if entrant.leader else entrant.scout_to
+            if mark is not None:
+                self._hold_decided(cid, mark)
+                if entrant.stopped_at is None and entrant.prefix < mark:
+                    return True
+        return False
 
     def _raise_bar(self) -> bool:
         """Make the highest training total of the fully scored leaders the bar; whether it rose."""
         raised = False
         for cid in sorted(cid for cid, e in self._entrants.items() if e.leader and not e.withdrawn):
-            if cid in self._bars_applied:
+            entrant = self._entrants[cid]
+            if cid in self._bars_applied or entrant.stopped_at is not None:
                 continue
             self._bars_applied.add(cid)
-            total = math.ceil(sum(self._entrants[cid].scores.values()) - 1e-9)
+            total = math.ceil(sum(entrant.scores.values()) - 1e-9)
             if total > self._bar:
                 self._bar, self._bar_id = total, cid
                 raised = True
         return raised
+
+    def _stop_below(self, cid: int, indexes: Sequence[int]) -> bool:
+        """The threshold test of candidate ``cid`` at the given looks (the latest first) against the current bar;
+        the first that finds it below the bar stops it after the examples it has run, and is recorded."""
+        entrant = self._entrants[cid]
+        table = threshold_table(self.n, self._looks, self._alpha, self._power)
+        for index in sorted(indexes, reverse=True):
+            k = self._looks[index]
+            right, critical = entrant.right(self._order, k), int(table[self._bar, index])
+            if right > critical:
+                continue
+            if entrant.decided == self.n:
+                return False  # ran in full in an earlier compile: never decided again
+            entrant.looks.append(Look(examples=k, worse=k - right, better=right, critical=k - critical,
+                                      spent=self._alpha * (k / self._looks[-1]) ** self._power, stop=True,
+                                      against=self._bar_id))
+            entrant.stopped_at, entrant.stopped_by = entrant.position, self._bar_id
+            logger.debug("Candidate %d raced out after %d of %d examples: %s", cid, entrant.position, self.n,
+                         entrant.looks[-1])
+            return True
+        return False
+
+    def _passed(self, cid: int) -> list[int]:
+        """The indexes of the looks candidate ``cid`` has run the examples of."""
+        return [index for index, k in enumerate(self._looks) if k <= self._entrants[cid].position]
 
     def _retest(self) -> None:
         """Test every candidate still racing again, at each look it has passed, against the bar just raised.
@@ -340,67 +411,109 @@ class StepRace:
         monotone in the bar, so a stop here is a crossing of the table at the candidate's own total whenever that
         total is at least the bar, and the guarantee holds as for a stop at a look.
         """
-        if self.test != "threshold" or self._next_look == 0:
+        if self.test != "threshold":
             return
-        table = threshold_table(self.n, self._looks, self._alpha, self._power)
-        taken = self._looks[self._next_look - 1]
         for cid in sorted(self._entrants):
-            entrant = self._entrants[cid]
-            if entrant.frozen_stop is not None or not self._racing(cid):
-                continue  # a decided candidate stops where its record says, at that look
-            for index, k in reversed(list(enumerate(self._looks[: self._next_look]))):  # the latest look first
-                right, critical = entrant.right(self._order, k), int(table[self._bar, index])
-                if right <= critical:
-                    entrant.looks.append(Look(examples=k, worse=k - right, better=right, critical=k - critical,
-                                              spent=self._alpha * (k / self._looks[-1]) ** self._power, stop=True,
-                                              against=self._bar_id))
-                    entrant.stopped_at, entrant.stopped_by = taken, self._bar_id
-                    logger.debug("Candidate %d raced out after %d of %d examples against the raised bar: %s", cid,
-                                 taken, self.n, entrant.looks[-1])
-                    break
+            if self._racing(cid):
+                self._stop_below(cid, self._passed(cid))
 
     def _take_look(self, index: int, k: int, racing: list[int]) -> None:
-        table = threshold_table(self.n, self._looks, self._alpha, self._power) if self.test == "threshold" else None
         for cid in racing:
             entrant = self._entrants[cid]
-            if table is not None:
-                right = entrant.right(self._order, k)
-                critical = int(table[self._bar, index])
-                stop = right <= critical
-                look = Look(examples=k, worse=k - right, better=right,
-                            critical=k - critical if critical >= 0 else None,
-                            spent=self._alpha * (k / self._looks[-1]) ** self._power, stop=stop, against=self._bar_id)
-            else:
-                assert entrant.sign is not None or entrant.frozen_stop is not None
-                if entrant.sign is None:
-                    continue
-                entrant.sign.count(self._order, k, entrant.scores, self._incumbent)
-                look = entrant.sign.test.look(examples=k, worse=entrant.sign.worse, better=entrant.sign.better)
-                look = dataclasses.replace(look, against=self._bar_id)
-                stop = look.stop
-            if entrant.frozen_stop is not None:
-                if entrant.frozen_stop == k:
-                    entrant.stopped_at = k  # as recorded
+            entrant.position = max(entrant.position, k)
+            if self.test == "threshold":
+                if not self._stop_below(cid, [index]):
+                    right = entrant.right(self._order, k)
+                    critical = int(threshold_table(self.n, self._looks, self._alpha, self._power)[self._bar, index])
+                    entrant.looks.append(Look(examples=k, worse=k - right, better=right,
+                                              critical=k - critical if critical >= 0 else None,
+                                              spent=self._alpha * (k / self._looks[-1]) ** self._power, stop=False,
+                                              against=self._bar_id))
                 continue
+            assert entrant.sign is not None
+            entrant.sign.count(self._order, k, entrant.scores, self._incumbent)
+            look = entrant.sign.test.look(examples=k, worse=entrant.sign.worse, better=entrant.sign.better)
+            look = dataclasses.replace(look, against=self._bar_id)
             entrant.looks.append(look)
-            if stop:
+            if look.stop and entrant.decided != self.n:
                 entrant.stopped_at, entrant.stopped_by = k, self._bar_id
                 logger.debug("Candidate %d raced out after %d of %d examples: %s", cid, k, self.n, look)
         if index in self._lead_at:
-            contenders = [cid for cid in racing if self._entrants[cid].stopped_at is None]
-            if contenders:  # the most right answers so far (ties: the lowest id) runs in full now
-                leader = max(contenders, key=lambda cid: (self._entrants[cid].right(self._order, k), -cid))
-                chosen = sum(e.leader for e in self._entrants.values())
-                conditional = self._lead_rule == "at_bar" or (self._lead_rule == "second_at_bar" and chosen >= 1)
-                # A conditional leader runs in full only when its running rate is at least the bar's.
-                if not conditional or self._entrants[leader].right(self._order, k) * self.n >= self._bar * k:
-                    self._entrants[leader].leader = True
-                    logger.debug("Candidate %d leads after %d examples and runs in full", leader, k)
+            self._start_lead(k, [cid for cid in racing if self._entrants[cid].stopped_at is None])
+
+    def _start_lead(self, k: int, contenders: list[int]) -> None:
+        """The front-runners after ``k`` examples (ties: the lowest id) at the bar's rate race ahead as scouts, or
+        the first of them leads at once (one scout, or no look left to race ahead to)."""
+        conditional = self._conditional_lead(self._leads + 1)
+        ranked = sorted(contenders, key=lambda cid: (-self._entrants[cid].right(self._order, k), cid))
+        # A conditional leader runs ahead only when its running rate is at least the bar's.
+        eligible = [cid for cid in ranked if not conditional or self._entrants[cid].right(self._order, k) * self.n
+                    >= self._bar * k]
+        if eligible:  # only a close race needs scouts: those within one standard deviation of the first
+            first = self._entrants[eligible[0]].right(self._order, k)
+            eligible = [cid for cid in eligible
+                        if self._entrants[cid].right(self._order, k) >= first - math.ceil(math.sqrt(k / 2))]
+        mark = self._scout_mark(k)
+        chosen = eligible[: self._scouts_per_lead if mark is not None else 1]
+        if not chosen:
+            return
+        self._leads += 1
+        if len(chosen) == 1:
+            self._entrants[chosen[0]].leader = True
+            logger.debug("Candidate %d leads after %d examples and runs in full", chosen[0], k)
+            return
+        self._scouts = chosen
+        for cid in chosen:
+            self._entrants[cid].scout_to = mark
+        logger.debug("Candidates %s race ahead to %d examples for the lead", chosen, mark)
+
+    def _conditional_lead(self, lead: int) -> bool:
+        """Whether the ``lead``-th lead (from 1) goes only to a front-runner at the bar's rate."""
+        return self._lead_rule == "at_bar" or (self._lead_rule == "second_at_bar" and lead >= 2)
+
+    def _scout_mark(self, k: int) -> int | None:
+        """Where scouts chosen after ``k`` examples run to: the first look at twice ``k`` or beyond, else the last
+        look after ``k``; ``None`` when no look is left."""
+        later = [look for look in self._looks if look > k]
+        return next((look for look in later if look >= 2 * k), later[-1]) if later else None
+
+    def _narrow_scouts(self) -> None:
+        """All scouts are at their mark: the better half by right answers goes on, the others race again from
+        there (tested at once against the bar); the last one left leads, if still at the bar's rate."""
+        alive = [cid for cid in self._scouts
+                 if not self._entrants[cid].withdrawn and self._entrants[cid].stopped_at is None]
+        self._scouts = []
+        if not alive:
+            return
+        k = self._entrants[alive[0]].scout_to
+        assert k is not None
+        for cid in alive:
+            entrant = self._entrants[cid]
+            entrant.scout_to, entrant.position = None, max(entrant.position, k)  # a scout may have been ahead
+        ranked = sorted(alive, key=lambda cid: (-self._entrants[cid].right(self._order, k), cid))
+        ahead = ranked[: max(1, len(ranked) // 2)]
+        behind = ranked[len(ahead):]
+        mark = self._scout_mark(k)
+        if len(ahead) == 1 or mark is None:
+            best = self._entrants[ahead[0]]
+            if not self._conditional_lead(self._leads) or best.right(self._order, k) * self.n >= self._bar * k:
+                best.leader = True
+                logger.debug("Candidate %d leads after %d examples and runs in full", ahead[0], k)
+            behind = [cid for cid in ranked if not self._entrants[cid].leader]
+        else:
+            self._scouts = ahead
+            for cid in ahead:
+                self._entrants[cid].scout_to = mark
+        for cid in behind:
+            if self.test == "threshold":
+                self._stop_below(cid, self._passed(cid))
+
+    # -- what the race says --------------------------------------------------------------------------------------
 
     def decision(self, cid: int) -> Decision:
         """Where candidate ``cid``'s race stands."""
         entrant = self._entrants[cid]
-        if entrant.stopped_at is not None and entrant.frozen_stop is None:
+        if entrant.stopped_at is not None and entrant.decided is None:
             k = entrant.stopped_at
             return Decision(action="stop", examples=k, n=self.n,
                             mean=sum(entrant.scores[e] for e in self._order[:k]) / k, stopped_by=entrant.stopped_by)
@@ -408,7 +521,8 @@ class StepRace:
                 entrant.leader or self._next_look >= len(self._looks)):
             return Decision(action="complete", examples=self.n, n=self.n,
                             mean=sum(entrant.scores.values()) / self.n)
-        taken = min(self._looks[self._next_look - 1] if self._next_look else 0, entrant.prefix)
+        last_look = self._looks[self._next_look - 1] if self._next_look else 0
+        taken = min(max(entrant.position, last_look), entrant.prefix)
         mean = sum(entrant.scores[e] for e in self._order[:taken]) / taken if taken else None
         return Decision(action="continue", examples=taken, n=self.n, mean=mean)
 
