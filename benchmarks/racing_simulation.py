@@ -9,7 +9,8 @@ step by step, each step's candidates scored against the best fully scored candid
 * **old**: the 0.2 racing (``benchmarks/racing_legacy.py``: the paired sign test against the incumbent, linear
   spending, looks every ``n / 10`` after ``max(10, n / 10)``);
 * **new**: the racing of this version (:class:`dspy_opro.extensions.racing.StepRace`: the threshold test, two
-  leaders per step, looks every ``n / 20``).
+  leads per step found by scouting, the waiting candidates tested again when a leader raises the bar, looks every
+  ``n / 20``).
 
 Two families of landscapes:
 

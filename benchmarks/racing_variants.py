@@ -26,39 +26,54 @@ from dspy_opro.extensions.racing import StepRace  # noqa: E402
 from dspy_opro.extensions.racing_stats import RacingSchedule, example_order  # noqa: E402
 
 VARIANTS: dict[str, dict[str, Any]] = {
-    "0.3 as built (two leaders)": {"lead_rule": "always"},
-    "second leader at the bar's rate": {"lead_rule": "second_at_bar"},
-    "both leaders at the bar's rate": {"lead_rule": "at_bar"},
-    "second at bar, spending power 0.25": {"lead_rule": "second_at_bar", "power": 0.25},
-    "second at bar, spending power 1": {"lead_rule": "second_at_bar", "power": 1.0},
-    "second at bar, spending power 2 (OBF-like)": {"lead_rule": "second_at_bar", "power": 2.0},
-    "second at bar, first leader after look 2": {"lead_rule": "second_at_bar", "lead_after": 2},
-    "second at bar, first leader after look 4": {"lead_rule": "second_at_bar", "lead_after": 4},
-    "both at bar, 3 leaders": {"lead_rule": "at_bar", "leaders": 3},
-    "both at bar, first look 3": {"lead_rule": "at_bar", "first": 3},
-    "both at bar, power 0.25": {"lead_rule": "at_bar", "power": 0.25},
-    "both at bar, power 0.25, first look 3": {"lead_rule": "at_bar", "power": 0.25, "first": 3},
-    "both at bar, after look 4": {"lead_rule": "at_bar", "lead_after": 4},
-    "both at bar, after look 4, power 0.25, first look 3": {"lead_rule": "at_bar", "lead_after": 4, "power": 0.25,
-                                                            "first": 3},
-    "both at bar, after look 2": {"lead_rule": "at_bar", "lead_after": 2},
-    "one leader at the bar's rate": {"lead_rule": "at_bar", "leaders": 1},
-    "one leader at the bar's rate, first look 3": {"lead_rule": "at_bar", "leaders": 1, "first": 3},
+    "a front-runner leads at once (scouts=1)": {"scouts": 1},
+    "2 scouts": {"scouts": 2},
+    "3 scouts": {"scouts": 3},
+    "4 scouts (adopted)": {},
+    "4 scouts, first lead after look 2": {"lead_after": 2},
+    "4 scouts, first lead after look 4": {"lead_after": 4},
+    "4 scouts, leads below the bar's rate too": {"lead_rule": "always"},
+    "4 scouts, one lead": {"leaders": 1},
+    "4 scouts, three leads": {"leaders": 3},
+    "4 scouts, spending power 0.25": {"power": 0.25},
+    "4 scouts, spending power 1": {"power": 1.0},
+    "4 scouts, first look after 3": {"first": 3},
+    "4 scouts, a look after every example": {"block": 1},
+    "bound: the step's best runs in full first (an oracle)": {"oracle": True},
 }
 
 
+def _schedule(n: int, options: dict[str, Any]) -> RacingSchedule:
+    first, block = options.pop("first", None), options.pop("block", None)
+    return RacingSchedule.build(n, min_examples=first or max(5, -(-n // 20)), block_size=block)
+
+
 def run(landscape: Landscape, *, seed: int, alpha: float, options: dict[str, Any]) -> tuple[int, float, int, int]:
-    """Race a landscape step by step: metric calls, the winner's training mean, wrong drops, protected."""
+    """Race a landscape step by step: metric calls, the winner's training mean, wrong drops, protected.
+
+    With ``oracle``, each step's best proposal (known from the landscape) is scored in full first and the others
+    race the better of it and the incumbent without leaders: what a perfect choice of leader would cost.
+    """
     options = dict(options)
     n = len(landscape.start)
-    first = options.pop("first", None)
-    schedule = RacingSchedule.build(n, min_examples=first) if first else RacingSchedule.build(n)
+    oracle = options.pop("oracle", False)
+    schedule = _schedule(n, options)
     order = example_order(n, seed=seed)
     scored, calls, wrong, protected = [landscape.start], n, 0, 0
     for proposals in landscape.steps:
         incumbent = max(scored, key=lambda s: s.mean())
-        step_calls, stopped = race_step(proposals, incumbent, order=order, schedule=schedule, alpha=alpha, seed=seed,
-                                        options=options)
+        if oracle:
+            best = int(np.argmax(proposals.mean(axis=1)))
+            rest = np.delete(proposals, best, axis=0)
+            bar = proposals[best] if proposals[best].mean() > incumbent.mean() else incumbent
+            step_calls, stopped = race_step(rest, bar, order=order, schedule=schedule, alpha=alpha, seed=seed,
+                                            options={**options, "leaders": 0})
+            # Back to the proposals' ids (1..k): the best is never stopped.
+            stopped = {cid + (cid > best) for cid in stopped}
+            step_calls += n
+        else:
+            step_calls, stopped = race_step(proposals, incumbent, order=order, schedule=schedule, alpha=alpha,
+                                            seed=seed, options=options)
         step_protected, step_wrong = wrong_drops(proposals, incumbent, stopped)
         calls, protected, wrong = calls + step_calls, protected + step_protected, wrong + step_wrong
         scored += [proposals[cid - 1] for cid in range(1, len(proposals) + 1) if cid not in stopped]
@@ -68,8 +83,9 @@ def run(landscape: Landscape, *, seed: int, alpha: float, options: dict[str, Any
 def stress(*, trials: int, n: int, alpha: float, options: dict[str, Any]) -> int:
     """``racing_simulation.guarantee``'s steps: how often the proposal tied for the step's best is dropped."""
     options = dict(options)
-    first = options.pop("first", None)
-    schedule = RacingSchedule.build(n, min_examples=first) if first else RacingSchedule.build(n)
+    if options.pop("oracle", False):
+        return -1  # not a schedule: no stress test
+    schedule = _schedule(n, options)
     dropped = 0
     for trial in range(trials):
         rng = np.random.default_rng([trial, 7])
@@ -119,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
             wrong += sum(o[2] for o in outs)
             protected += sum(o[3] for o in outs)
         dropped = stress(trials=args.trials, n=100, alpha=args.alpha, options=VARIANTS[name]) if args.trials else 0
+        stressed = f"{dropped} of {args.trials} ({dropped / max(1, args.trials):.4f})" if dropped >= 0 else "n/a"
         print(f"| {name} | " + " | ".join(cells) + f" | {same} of {sum(len(v) for v in families.values())} "
-              f"| {wrong} of {protected} | {dropped} of {args.trials} ({dropped / max(1, args.trials):.4f}) |",
-              flush=True)
+              f"| {wrong} of {protected} | {stressed} |", flush=True)
     return 0
 
 

@@ -238,8 +238,8 @@ class OPROConfig:
         False, group="budget",
         doc="""Score a step's new candidates block by block in one seeded order of the training examples and stop
         a candidate once an exact sequential test says its training mean is below the bar: the best at the start
-        of its step, raised by the step's two leaders (the candidates ahead after the third and fourth looks, run in
-        full first). ``True``, or ``Racing(alpha=...)`` for the test's level (the probability of stopping a
+        of its step, raised by the step's leaders (the front-runners after the third and fourth looks, run in full
+        first). ``True``, or ``Racing(alpha=...)`` for the test's level (the probability of stopping a
         candidate at least as good as every bar; the default 0.05). A stopped candidate is recorded ``raced_out``
         with its partial mean, which the meta-prompts show; only fully scored candidates can be returned.""")
     # execution

@@ -30,8 +30,8 @@ from dspy_opro.checks import require_number
 class Racing:
     """Racing: stop a step's new candidate once an exact sequential test says it is below the bar.
 
-    The bar is the best candidate's training mean at the start of the step, raised by the step's two leaders (run
-    in full first); see ``dspy_opro.extensions.racing``.
+    The bar is the best candidate's training mean at the start of the step, raised by the step's leaders (the
+    front-runners, run in full first); see ``dspy_opro.extensions.racing``.
 
     Args:
         alpha: The test's level: the probability of stopping a candidate at least as good as every bar it raced is

@@ -13,11 +13,16 @@ them are in, so every decision rests on the same first examples. A candidate the
 stopped (``raced_out``) with its partial mean.
 
 **Leaders.** The incumbent is often weak early in a run, when most of a step's proposals beat it. So after the
-third look the candidate with the most right answers so far (ties: the lowest id) runs all its remaining examples
-at once, and after the fourth look the next one: once a leader is fully scored, its training total becomes the
-bar if it is higher, and the others race it from the next look on. A front-runner becomes a leader only when its
-running rate of right answers is at least the bar's rate (the first leader's, at the fourth look): a leader below
-the bar cannot raise it, and running it in full would pay for examples the test would mostly have spared.
+third look a leader is found and run in full, and after the fourth look another: once a leader is fully scored,
+its training total becomes the bar if it is higher. A lead goes to a front-runner (most right answers so far,
+ties: the lowest id) only when its running rate of right answers is at least the bar's rate: a leader below the
+bar cannot raise it, and running it in full would pay for examples the test would mostly have spared. The
+front-runner after a few looks is often a weaker candidate with a lucky start, so when the race is close (up to
+four front-runners within ``ceil(sqrt(k / 2))`` right answers of the first, one standard deviation of the
+difference of two counts) they race ahead as *scouts* to twice the examples, the better half by right answers
+again to twice that, until one is left, which leads. While a leader or the scouts run, the others wait where they
+stand; when the bar rises they are tested again at once, at every look they have passed, without running an
+example more.
 
 **The test.** For binary scores (and ``n <= 500``) the threshold test of
 :func:`~dspy_opro.extensions.racing_stats.threshold_table`: an exact test, over the random order, that the
@@ -29,15 +34,20 @@ larger training set, the paired sign test against the incumbent
 
 **Guarantee.** Threshold test: for any fixed training set, a candidate whose training total is at least every bar
 of its race (the incumbent's and the leaders' it raced) is stopped with probability at most ``alpha`` over the
-order; no i.i.d. assumption. Sign test: if the examples are independent draws under which the candidate's
+order; no i.i.d. assumption. Every stop (at a look, after a raise, after scouting) finds the candidate's right
+answers among its first ``k_j`` examples at or below look ``j``'s critical count for the bar of the moment, which
+is at most the count for the candidate's own total (the table is monotone in the bar): so, whatever chose the bars
+and when, the stop lies in the event that the walk at its own total crosses the table, of probability at most
+``alpha``. Sign test: if the examples are independent draws under which the candidate's
 expected score is at least the incumbent's, it is stopped with probability at most ``alpha``.
 
 A stopped candidate keeps its partial mean over the examples it ran (``"raced out after k of n"``); only fully
 scored candidates can be returned. Results may arrive in any order (from any number of threads): a race buffers
-them and takes a look only once every example up to it is in for every candidate still racing and every leader is
-fully scored, so the decisions depend on the scores alone, never on the arrival order or the thread count. A
-candidate decided in an earlier compile of the same run (``decided``) takes part with its recorded scores and is
-never decided again, so a resumed step takes the decisions an uninterrupted one would have.
+them and takes a decision only once every example it rests on is in (every racing candidate's up to the look, the
+scouts' up to their mark, the leader's all), so the decisions depend on the scores alone, never on the arrival
+order or the thread count. A candidate decided in an earlier compile of the same run (``decided``) takes part
+through the same logic on its recorded scores and never runs an example again, so a resumed step takes the
+decisions an uninterrupted one would have.
 """
 
 from __future__ import annotations
