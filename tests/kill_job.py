@@ -9,6 +9,7 @@ optimizer's meta-prompts: the reply is killed before the run journals it).
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import signal
@@ -79,6 +80,8 @@ class KillAt(BaseCallback):
 
 
 if __name__ == "__main__":
+    # A test that finds the process stuck sends SIGUSR1 to see every thread's stack before it kills it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     base_url, log_dir, scenario, model, split, kill_at = sys.argv[1:7]
     overrides = json.loads(sys.argv[7]) if len(sys.argv) > 7 else {}
     trainset, valset = datasets()

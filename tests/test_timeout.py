@@ -139,9 +139,12 @@ def test_ctrl_c_during_a_hung_request_ends_the_run_at_once_and_the_resume_rebuys
                                 if r.status == 200 and r.kind == "task")
     hang = FaultConfig(fail_requests={9}, fail_kind="hang", hang_seconds=600, only_kinds={"task"})
     with SimulatedEndpoint(faults=hang) as endpoint:
+        # A shell that starts the suite in the background (``pytest &`` in a script) hands its children SIGINT
+        # ignored, and Python then installs no KeyboardInterrupt handler: give the child a terminal's disposition.
         child = subprocess.Popen([sys.executable, "-m", "tests.kill_job", endpoint.base_url, str(tmp_path / "run"),
                                   "train", TASK, "train", "1000", json.dumps(options)], cwd=ROOT,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             deadline = time.monotonic() + 600  # generous: a loaded machine runs the child slowly
             # Every evaluation but the hung one finishes (6 of the start, 12 of step 0, less the hung one); then
@@ -153,7 +156,14 @@ def test_ctrl_c_during_a_hung_request_ends_the_run_at_once_and_the_resume_rebuys
             assert endpoint.count("task") == 17 and journaled_count(tmp_path / "run") == 17 and child.poll() is None
             sent = time.monotonic()
             child.send_signal(signal.SIGINT)
-            _, stderr = child.communicate(timeout=300)
+            try:
+                _, stderr = child.communicate(timeout=300)
+            except subprocess.TimeoutExpired:
+                child.send_signal(signal.SIGUSR1)  # the kill job dumps every thread's stack (faulthandler)
+                time.sleep(2)
+                child.kill()
+                _, stuck = child.communicate()
+                pytest.fail(f"the run did not end within 300 s of SIGINT; its stderr ends:\n{stuck[-6000:]}")
             ended = time.monotonic() - sent
         finally:
             if child.poll() is None:
