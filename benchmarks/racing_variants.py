@@ -6,6 +6,14 @@ example orders. Per variant: the ratio full calls / racing calls over all seeds 
 returned candidate's training mean is full evaluation's, the wrong drops among the protected proposals, and the
 guarantee's stress test (a proposal tied for the best of its step, dropped how often out of ``--trials``).
 
+Two rows are bounds, not schedules. The oracle knows each step's best proposal and scores it first: what a perfect
+choice of leader would cost with the library's test. The clairvoyant knows, besides, every proposal's training total
+``T``, and stops it by a likelihood-ratio test of ``T`` against the bar's total ``t`` (Wald's sequential test with
+the alternative known exactly, on the walk without replacement, stopping when the ratio reaches ``1 / alpha``: by
+Ville's inequality it drops a proposal whose total is ``t`` with probability at most ``alpha``). With the
+alternative known this test needs about the fewest examples any level-``alpha`` test can, so where the clairvoyant
+stays under a ratio, no schedule that keeps the guarantee gets above it.
+
     python benchmarks/racing_variants.py --seeds 20 --trials 2000
 """
 
@@ -40,6 +48,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "4 scouts, first look after 3": {"first": 3},
     "4 scouts, a look after every example": {"block": 1},
     "bound: the step's best runs in full first (an oracle)": {"oracle": True},
+    "bound: the oracle, and each proposal's total known (clairvoyant)": {"clairvoyant": True},
 }
 
 
@@ -56,6 +65,8 @@ def run(landscape: Landscape, *, seed: int, alpha: float, options: dict[str, Any
     """
     options = dict(options)
     n = len(landscape.start)
+    if options.pop("clairvoyant", False):
+        return clairvoyant(landscape, seed=seed, alpha=alpha)
     oracle = options.pop("oracle", False)
     schedule = _schedule(n, options)
     order = example_order(n, seed=seed)
@@ -80,11 +91,62 @@ def run(landscape: Landscape, *, seed: int, alpha: float, options: dict[str, Any
     return calls, max(s.mean() for s in scored), wrong, protected
 
 
+def clairvoyant(landscape: Landscape, *, seed: int, alpha: float) -> tuple[int, float, int, int]:
+    """:func:`run`'s figures for the clairvoyant bound: each step's best runs in full first, and every other
+    proposal stops where :func:`likelihood_ratio_stop`, knowing its total, first rejects ``T >= t``."""
+    n = len(landscape.start)
+    order = example_order(n, seed=seed)
+    scored, calls, wrong, protected = [landscape.start], n, 0, 0
+    for proposals in landscape.steps:
+        incumbent = max(scored, key=lambda s: s.sum())
+        best = int(np.argmax(proposals.sum(axis=1)))
+        bar = int(max(proposals[best].sum(), incumbent.sum()))
+        stopped: set[int] = set()
+        step_calls = n
+        for index, scores in enumerate(proposals):
+            taken = n if index == best else likelihood_ratio_stop(scores, order, total=int(scores.sum()), bar=bar,
+                                                                  alpha=alpha)
+            step_calls += taken if index != best else 0
+            if taken < n:
+                stopped.add(index + 1)
+        step_protected, step_wrong = wrong_drops(proposals, incumbent, stopped)
+        calls, protected, wrong = calls + step_calls, protected + step_protected, wrong + step_wrong
+        scored += [proposals[cid - 1] for cid in range(1, len(proposals) + 1) if cid not in stopped]
+    return calls, max(s.mean() for s in scored), wrong, protected
+
+
+def likelihood_ratio_stop(scores: np.ndarray, order: list[int], *, total: int, bar: int, alpha: float) -> int:
+    """Examples a proposal with 0/1 ``scores`` runs before Wald's test of the total ``bar`` against the alternative
+    ``total`` (the clairvoyant passes the true one) rejects ``T >= bar`` at level ``alpha`` (``len(scores)``: never,
+    it runs in full). Each example's likelihood under a total is that of the next draw from the urn of what is
+    left; a draw impossible at the bar's total is a certain rejection."""
+    n = len(scores)
+    if total >= bar:
+        return n
+    threshold, log_ratio, right = np.log(1 / alpha), 0.0, 0
+    for seen, example in enumerate(order):
+        left = n - seen
+        if scores[example]:
+            under_total, under_bar = (total - right) / left, (bar - right) / left
+            right += 1
+        else:
+            wrong = seen - right
+            under_total, under_bar = (n - total - wrong) / left, (n - bar - wrong) / left
+        if under_total <= 0:  # impossible at the alternative: it cannot beat the bar's total
+            return n
+        if under_bar <= 0:  # impossible at the bar's total: a certain rejection
+            return seen + 1
+        log_ratio += float(np.log(under_total / under_bar))
+        if log_ratio >= threshold:
+            return seen + 1
+    return n
+
+
 def stress(*, trials: int, n: int, alpha: float, options: dict[str, Any]) -> int:
     """``racing_simulation.guarantee``'s steps: how often the proposal tied for the step's best is dropped."""
     options = dict(options)
-    if options.pop("oracle", False):
-        return -1  # not a schedule: no stress test
+    if options.pop("oracle", False) or options.pop("clairvoyant", False):
+        return -1  # a bound, not a schedule: no stress test
     schedule = _schedule(n, options)
     dropped = 0
     for trial in range(trials):

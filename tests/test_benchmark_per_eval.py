@@ -4,26 +4,9 @@ save."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from tests.benchmark_modules import load_benchmark
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-
-
-def _load():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location("overhead_per_eval", BENCHMARKS / "overhead_per_eval.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-
-
-per_eval = _load()
+per_eval = load_benchmark("overhead_per_eval")
 START, END = per_eval.START_MARK, per_eval.END_MARK
 DIAG_START, DIAG_END = per_eval.DIAGNOSIS_START, per_eval.DIAGNOSIS_END
 
