@@ -572,8 +572,9 @@ def test_every_row_of_the_failures_table_names_tests_that_exist():
     text = (root / "docs" / "failures.md").read_text(encoding="utf-8")
     table = text.split("| What went wrong |", 1)[1].split("\n\n", 1)[0]
     rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
-    assert len(rows) == 56  # 33, four rows of issue 21 (no prediction, input keys, bad arguments, a killed run),
-    # six of issue 20's optimizer calls, ten of its resume, hang and record checks and three of its reply journal
+    assert len(rows) == 57  # 33, four rows of issue 21 (no prediction, input keys, bad arguments, a killed run),
+    # six of issue 20's optimizer calls, eleven of its resume, hang, signal and record checks and three of its
+    # reply journal
     for row in rows:
         named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", row.rsplit("|", 2)[1])
         assert named, row
