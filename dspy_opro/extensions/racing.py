@@ -393,22 +393,27 @@ class StepRace:
         """The threshold test of candidate ``cid`` at the given looks (the latest first) against the current bar;
         the first that finds it below the bar stops it after the examples it has run, and is recorded."""
         entrant = self._entrants[cid]
-        table = threshold_table(self.n, self._looks, self._alpha, self._power)
         for index in sorted(indexes, reverse=True):
-            k = self._looks[index]
-            right, critical = entrant.right(self._order, k), int(table[self._bar, index])
-            if right > critical:
+            look = self._threshold_look(cid, index)
+            if not look.stop:
                 continue
             if entrant.decided == self.n:
                 return False  # ran in full in an earlier compile: never decided again
-            entrant.looks.append(Look(examples=k, worse=k - right, better=right, critical=k - critical,
-                                      spent=self._alpha * (k / self._looks[-1]) ** self._power, stop=True,
-                                      against=self._bar_id))
+            entrant.looks.append(look)
             entrant.stopped_at, entrant.stopped_by = entrant.position, self._bar_id
             logger.debug("Candidate %d raced out after %d of %d examples: %s", cid, entrant.position, self.n,
                          entrant.looks[-1])
             return True
         return False
+
+    def _threshold_look(self, cid: int, index: int) -> Look:
+        """The threshold test of candidate ``cid`` at look ``index`` against the current bar."""
+        k = self._looks[index]
+        right = self._entrants[cid].right(self._order, k)
+        critical = int(threshold_table(self.n, self._looks, self._alpha, self._power)[self._bar, index])
+        return Look(examples=k, worse=k - right, better=right, critical=k - critical if critical >= 0 else None,
+                    spent=self._alpha * (k / self._looks[-1]) ** self._power, stop=right <= critical,
+                    against=self._bar_id)
 
     def _passed(self, cid: int) -> list[int]:
         """The indexes of the looks candidate ``cid`` has run the examples of."""
@@ -432,13 +437,8 @@ class StepRace:
             entrant = self._entrants[cid]
             entrant.position = max(entrant.position, k)
             if self.test == "threshold":
-                if not self._stop_below(cid, [index]):
-                    right = entrant.right(self._order, k)
-                    critical = int(threshold_table(self.n, self._looks, self._alpha, self._power)[self._bar, index])
-                    entrant.looks.append(Look(examples=k, worse=k - right, better=right,
-                                              critical=k - critical if critical >= 0 else None,
-                                              spent=self._alpha * (k / self._looks[-1]) ** self._power, stop=False,
-                                              against=self._bar_id))
+                if not self._stop_below(cid, [index]):  # not stopped (a candidate run in full never is)
+                    entrant.looks.append(dataclasses.replace(self._threshold_look(cid, index), stop=False))
                 continue
             assert entrant.sign is not None
             entrant.sign.count(self._order, k, entrant.scores, self._incumbent)
