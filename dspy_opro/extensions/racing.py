@@ -409,7 +409,7 @@ class StepRace:
     def _threshold_look(self, cid: int, index: int) -> Look:
         """The threshold test of candidate ``cid`` at look ``index`` against the current bar."""
         k = self._looks[index]
-        right = self._entrants[cid].right(self._order, k)
+        right = self._right(cid, k)
         critical = int(threshold_table(self.n, self._looks, self._alpha, self._power)[self._bar, index])
         return Look(examples=k, worse=k - right, better=right, critical=k - critical if critical >= 0 else None,
                     spent=self._alpha * (k / self._looks[-1]) ** self._power, stop=right <= critical,
@@ -455,14 +455,11 @@ class StepRace:
         """The front-runners after ``k`` examples (ties: the lowest id) at the bar's rate race ahead as scouts, or
         the first of them leads at once (one scout, or no look left to race ahead to)."""
         conditional = self._conditional_lead(self._leads + 1)
-        ranked = sorted(contenders, key=lambda cid: (-self._entrants[cid].right(self._order, k), cid))
         # A conditional leader runs ahead only when its running rate is at least the bar's.
-        eligible = [cid for cid in ranked if not conditional or self._entrants[cid].right(self._order, k) * self.n
-                    >= self._bar * k]
+        eligible = [cid for cid in self._ranked(contenders, k) if not conditional or self._at_bar_rate(cid, k)]
         if eligible:  # only a close race needs scouts: those within one standard deviation of the first
-            first = self._entrants[eligible[0]].right(self._order, k)
-            eligible = [cid for cid in eligible
-                        if self._entrants[cid].right(self._order, k) >= first - math.ceil(math.sqrt(k / 2))]
+            first = self._right(eligible[0], k)
+            eligible = [cid for cid in eligible if self._right(cid, k) >= first - math.ceil(math.sqrt(k / 2))]
         mark = self._scout_mark(k)
         chosen = eligible[: self._scouts_per_lead if mark is not None else 1]
         if not chosen:
@@ -476,6 +473,17 @@ class StepRace:
         for cid in chosen:
             self._entrants[cid].scout_to = mark
         logger.debug("Candidates %s race ahead to %d examples for the lead", chosen, mark)
+
+    def _right(self, cid: int, k: int) -> int:
+        return self._entrants[cid].right(self._order, k)
+
+    def _ranked(self, cids: Sequence[int], k: int) -> list[int]:
+        """``cids`` by right answers among the first ``k`` examples, most first (ties: the lowest id)."""
+        return sorted(cids, key=lambda cid: (-self._right(cid, k), cid))
+
+    def _at_bar_rate(self, cid: int, k: int) -> bool:
+        """Whether candidate ``cid``'s rate of right answers over the first ``k`` examples is at least the bar's."""
+        return self._right(cid, k) * self.n >= self._bar * k
 
     def _conditional_lead(self, lead: int) -> bool:
         """Whether the ``lead``-th lead (from 1) goes only to a front-runner at the bar's rate."""
@@ -500,14 +508,13 @@ class StepRace:
         for cid in alive:
             entrant = self._entrants[cid]
             entrant.scout_to, entrant.position = None, max(entrant.position, k)  # a scout may have been ahead
-        ranked = sorted(alive, key=lambda cid: (-self._entrants[cid].right(self._order, k), cid))
+        ranked = self._ranked(alive, k)
         ahead = ranked[: max(1, len(ranked) // 2)]
         behind = ranked[len(ahead):]
         mark = self._scout_mark(k)
         if len(ahead) == 1 or mark is None:
-            best = self._entrants[ahead[0]]
-            if not self._conditional_lead(self._leads) or best.right(self._order, k) * self.n >= self._bar * k:
-                best.leader = True
+            if not self._conditional_lead(self._leads) or self._at_bar_rate(ahead[0], k):
+                self._entrants[ahead[0]].leader = True
                 logger.debug("Candidate %d leads after %d examples and runs in full", ahead[0], k)
             behind = [cid for cid in ranked if not self._entrants[cid].leader]
         else:
