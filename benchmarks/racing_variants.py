@@ -61,20 +61,22 @@ def _schedule(n: int, options: dict[str, Any]) -> RacingSchedule:
 def run(landscape: Landscape, *, seed: int, alpha: float, options: dict[str, Any]) -> tuple[int, float, int, int]:
     """Race a landscape step by step: metric calls, the winner's training mean, wrong drops, protected.
 
-    With ``oracle``, each step's best proposal (known from the landscape) is scored in full first and the others
-    race the better of it and the incumbent without leaders: what a perfect choice of leader would cost.
+    With ``oracle``, each step's best proposal (known from the landscape) is scored in full first when it raises
+    the bar and the others race it without leaders: what a perfect choice of leader would cost. With
+    ``clairvoyant``, each step is :func:`clairvoyant_step`.
     """
     options = dict(options)
     n = len(landscape.start)
-    if options.pop("clairvoyant", False):
-        return clairvoyant(landscape, seed=seed, alpha=alpha)
+    clairvoyant = options.pop("clairvoyant", False)
     oracle = options.pop("oracle", False)
     schedule = _schedule(n, options)
     order = example_order(n, seed=seed)
     scored, calls, wrong, protected = [landscape.start], n, 0, 0
     for proposals in landscape.steps:
         incumbent = max(scored, key=lambda s: s.mean())
-        if oracle and proposals.mean(axis=1).max() <= incumbent.mean():  # no proposal raises the bar: no leader
+        if clairvoyant:
+            step_calls, stopped = clairvoyant_step(proposals, incumbent, order=order, alpha=alpha)
+        elif oracle and proposals.mean(axis=1).max() <= incumbent.mean():  # no proposal raises the bar: no leader
             step_calls, stopped = race_step(proposals, incumbent, order=order, schedule=schedule, alpha=alpha,
                                             seed=seed, options={**options, "leaders": 0})
         elif oracle:
@@ -94,28 +96,16 @@ def run(landscape: Landscape, *, seed: int, alpha: float, options: dict[str, Any
     return calls, max(s.mean() for s in scored), wrong, protected
 
 
-def clairvoyant(landscape: Landscape, *, seed: int, alpha: float) -> tuple[int, float, int, int]:
-    """:func:`run`'s figures for the clairvoyant bound: the bar is the better of the incumbent and the step's best
-    from the start, and every proposal below it stops where :func:`likelihood_ratio_stop`, knowing its total,
-    first rejects ``T >= bar``."""
-    n = len(landscape.start)
-    order = example_order(n, seed=seed)
-    scored, calls, wrong, protected = [landscape.start], n, 0, 0
-    for proposals in landscape.steps:
-        incumbent = max(scored, key=lambda s: s.sum())
-        best = int(np.argmax(proposals.sum(axis=1)))
-        bar = int(max(proposals[best].sum(), incumbent.sum()))
-        stopped: set[int] = set()
-        step_calls = 0
-        for index, scores in enumerate(proposals):  # the step's best runs in full only when it raises the bar
-            taken = likelihood_ratio_stop(scores, order, total=int(scores.sum()), bar=bar, alpha=alpha)
-            step_calls += taken
-            if taken < n:
-                stopped.add(index + 1)
-        step_protected, step_wrong = wrong_drops(proposals, incumbent, stopped)
-        calls, protected, wrong = calls + step_calls, protected + step_protected, wrong + step_wrong
-        scored += [proposals[cid - 1] for cid in range(1, len(proposals) + 1) if cid not in stopped]
-    return calls, max(s.mean() for s in scored), wrong, protected
+def clairvoyant_step(proposals: np.ndarray, incumbent: np.ndarray, *, order: list[int],
+                     alpha: float) -> tuple[int, set[int]]:
+    """One step of the clairvoyant bound, as :func:`race_step` reports it: the bar is the better of the incumbent
+    and the step's best from the start, and every proposal below it stops where :func:`likelihood_ratio_stop`,
+    knowing its total, first rejects ``T >= bar`` (so the step's best runs in full only when it raises the bar)."""
+    n = len(incumbent)
+    bar = int(max(proposals.sum(axis=1).max(), incumbent.sum()))
+    taken = [likelihood_ratio_stop(scores, order, total=int(scores.sum()), bar=bar, alpha=alpha)
+             for scores in proposals]
+    return sum(taken), {cid for cid, examples in enumerate(taken, start=1) if examples < n}
 
 
 def likelihood_ratio_stop(scores: np.ndarray, order: list[int], *, total: int, bar: int, alpha: float) -> int:
