@@ -30,9 +30,22 @@ def summary(compiled):
 
 @pytest.fixture(scope="module")
 def cluster():
-    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=2, host="127.0.0.1",
+    with distributed.LocalCluster(n_workers=WORKERS, processes=True, threads_per_worker=2, host="127.0.0.1",
                                   dashboard_address=None) as local, distributed.Client(local) as client:
         yield client
+
+
+WORKERS = 2
+
+
+@pytest.fixture
+def whole_cluster(cluster):
+    """The module's cluster with both its workers up, before the test and after it. A test that kills workers leaves
+    their nannies restarting them; killing another worker before they are back once left both nannies closed and
+    the next test's evaluation waiting, with no worker, for ever (a CI run, 2026-12-03)."""
+    cluster.wait_for_workers(WORKERS, timeout=120)
+    yield cluster
+    cluster.wait_for_workers(WORKERS, timeout=120)
 
 
 def compile_once(endpoint, *, executor=None, num_threads=1):
@@ -107,6 +120,7 @@ class DiesAfterItsFirstCall(dspy.Module):
 
 @pytest.mark.parametrize(("allowed_failures", "deaths"), [(0, 2), (0, 1), (1, 1)],
                          ids=["killed-twice-unscored", "killed-then-resubmitted", "rerun-by-dask"])
+@pytest.mark.usefixtures("whole_cluster")
 def test_a_worker_that_dies_is_an_infrastructure_failure(cluster, tmp_path, allowed_failures, deaths):
     """A worker that dies after the first of two LM calls: its evaluation is paid again (by Dask's own rerun with
     ``allowed_failures=1``, by OPRO's one resubmission after ``KilledWorker`` with 0), and the record's task usage
@@ -157,6 +171,7 @@ class KillsTheFirstWorkerToFinish(SchedulerPlugin):
                 os.kill(worker.pid, signal.SIGKILL)
 
 
+@pytest.mark.usefixtures("whole_cluster")
 def test_an_evaluation_dask_computes_again_counts_each_time_it_was_paid(cluster, tmp_path):
     """The first evaluation finishes, then its worker dies before the result is fetched: Dask runs it again. Both
     runs were paid, and the record's task usage is what the endpoint served."""
