@@ -34,7 +34,7 @@ client's GIL; ``--server thread`` runs it in the client process. It sets TCP_NOD
 piece. COPRO's proposal prompts are answered by the simulated peers of :mod:`benchmarks.simulated_peers`,
 plugged into the endpoint as its responders.
 
-The script also measures a synthetic run record (:class:`dspy_opro.record.state.RunState`) of 200 steps x 8 candidates x
+The script also measures a synthetic run record (:class:`dspy_opro.state.RunState`) of 200 steps x 8 candidates x
 1000 training examples: its size in memory (tracemalloc) and the time to save and reload it.
 
     python benchmarks/overhead.py            # writes benchmarks/results/overhead.md
@@ -77,7 +77,7 @@ import dspy  # noqa: E402
 from benchmarks.simulated_peers import PEERS  # noqa: E402  (COPRO's proposals)
 from dspy_opro import OPROTeleprompter  # noqa: E402
 from dspy_opro.record.files import load_state, save_state  # noqa: E402
-from dspy_opro.record.state import Candidate, Fingerprint, Reply, RunState, Selection, Step  # noqa: E402
+from dspy_opro.state import Candidate, Fingerprint, Reply, RunState, Selection, Step  # noqa: E402
 from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "overhead.md"
@@ -610,13 +610,13 @@ PROFILE_GROUPS = [
     ("  DSPy adapter format + parse", r"^(Chat)?Adapter\.(format|_call_postprocess) \("),
     ("LiteLLM logging worker (success handler)", r"^Logging\.success_handler"),
     ("dspy_opro run_example (whole, the Predict call included)", r"^run_example \(dspy_opro/scoring/evaluation\.py"),
-    ("dspy_opro main thread: OPRORun.execute (whole)", r"^OPRORun\.execute \(dspy_opro/run\.py"),
-    ("  Batch.__iter__ dispatch loop", r"^Batch\.__iter__ \(dspy_opro/scoring/evaluator\.py"),
-    ("    _DaemonThreads.submit", r"^Batch\.__iter__ .*;_DaemonThreads\.submit"),
-    ("    concurrent.futures.wait", r"^Batch\.__iter__ .*;wait \(concurrent/futures/_base\.py"),
-    ("    ScoringEventRecorder.record", r"^ScoringEventRecorder\.record"),
+    ("dspy_opro main thread: OPRORun.execute (whole)", r"^OPRORun\.execute \(dspy_opro/core/run\.py"),
+    ("  Runner.map dispatch loop (a candidate's dspy.Evaluate call)", r"^Runner\.map \(dspy_opro/scoring/engine\.py"),
+    ("    _DaemonPool.submit", r"^Runner\.map .*;_DaemonPool\.submit"),
+    ("    concurrent.futures.wait", r"^Runner\.map .*;wait \(concurrent/futures/_base\.py"),
+    ("    OPRORun.record_result", r"^OPRORun\.record_result"),
     ("  with_instructions (program deep copies)", r"^with_instructions \(dspy_opro/task/programs\.py"),
-    ("  propose (optimizer calls)", r"^propose \(dspy_opro/proposing/optimizer_calls\.py"),
+    ("  propose (optimizer calls)", r"^propose \(dspy_opro/core/proposals\.py"),
     ("  OPRORun._result (candidate_programs)", r"^OPRORun\._result"),
 ]
 
@@ -640,19 +640,19 @@ def summarize_profile(raw: str) -> list[tuple[str, float]]:
 
 def phase_times(bench: Bench, threads: int) -> tuple[Result, list[tuple[str, float, int]]]:
     """One more OPRO run with OPRO's own phases timed (wall seconds, calls), by wrapping them for the run."""
-    import dspy_opro.run as run_module
+    import dspy_opro.core.run as run_module
+    import dspy_opro.record.recorder as recorder_module
     import dspy_opro.scoring.scorer as scorer_module
-    import dspy_opro.scoring_events as events_module
 
     timings: dict[str, list[float]] = {}
     targets = [
         ("OPRORun._score: the scoring phases (requests included)", run_module.OPRORun, "_score"),
-        ("  ScoringEventRecorder.record (main thread, per event)", events_module.ScoringEventRecorder, "record"),
+        ("  OPRORun.record_result (per evaluation)", run_module.OPRORun, "record_result"),
         ("  with_instructions (a program copy per candidate)", scorer_module, "with_instructions"),
         ("propose: the proposal phases (requests included)", run_module, "propose"),
         ("gen_meta_prompt", run_module, "gen_meta_prompt"),
-        ("OPRORun._triage", run_module.OPRORun, "_triage"),
-        ("OPRORun._save", run_module.OPRORun, "_save"),
+        ("step_candidates: the triage", run_module, "step_candidates"),
+        ("RunRecorder.save", recorder_module.RunRecorder, "save"),
         ("OPRORun._result (candidate_programs)", run_module.OPRORun, "_result"),
     ]
     originals = []

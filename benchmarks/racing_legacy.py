@@ -18,8 +18,8 @@ import math
 from collections.abc import Iterator, Sequence
 
 from dspy_opro.extensions import racing
-from dspy_opro.extensions.racing_stats import RacingSchedule
-from dspy_opro.record.state import Candidate
+from dspy_opro.extensions.racing import RacingSchedule
+from dspy_opro.state import Candidate
 
 
 def legacy_schedule(n: int) -> RacingSchedule:

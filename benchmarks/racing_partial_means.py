@@ -2,7 +2,7 @@
 
 Issue 24 asks to check it. Racing shows a raced-out instruction in later meta-prompts with its partial mean (the
 mean over the examples it ran). This script compiles ``racing=True`` three ways, changing only what the
-meta-prompts show of raced-out candidates (benchmark-only patches of ``dspy_opro.run.predictor_history``, the
+meta-prompts show of raced-out candidates (benchmark-only patches of ``dspy_opro.core.run.predictor_history``, the
 function that lists a predictor's scored instructions for the meta-prompt):
 
 * **partial**: as the library does, the partial mean;
@@ -28,10 +28,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import dspy  # noqa: E402
 
-import dspy_opro.run as run_module  # noqa: E402
+import dspy_opro.core.run as run_module  # noqa: E402
 from dspy_opro import OPROTeleprompter  # noqa: E402
-from dspy_opro.proposing.step_inputs import predictor_history  # noqa: E402
-from dspy_opro.record.state import CandidateStatus, RunState  # noqa: E402
+from dspy_opro.core.exemplars import predictor_history  # noqa: E402
+from dspy_opro.state import CandidateStatus, RunState  # noqa: E402
 from dspy_opro.testing import SimulatedEndpoint, answers_correctly, simulated_dataset, simulated_metric  # noqa: E402
 
 MODES = ("partial", "oracle", "hidden")

@@ -45,8 +45,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from racing_legacy import LEGACY_OPTIONS, legacy_schedule  # noqa: E402
 
-from dspy_opro.extensions.racing import StepRace  # noqa: E402
-from dspy_opro.extensions.racing_stats import DEFAULT_ALPHA, RacingSchedule, example_order  # noqa: E402
+from dspy_opro.extensions.racing import DEFAULT_ALPHA, RacingSchedule, StepRace, example_order  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "racing_simulation.md"
 MODES = ("full", "old", "new")

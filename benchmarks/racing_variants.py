@@ -31,8 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from racing_simulation import Landscape, drifting, held_out, race_step, wrong_drops  # noqa: E402
 
-from dspy_opro.extensions.racing import StepRace  # noqa: E402
-from dspy_opro.extensions.racing_stats import RacingSchedule, example_order  # noqa: E402
+from dspy_opro.extensions.racing import RacingSchedule, StepRace, example_order  # noqa: E402
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "a front-runner leads at once (scouts=1)": {"scouts": 1},

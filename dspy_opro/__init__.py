@@ -14,6 +14,7 @@ import importlib
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
+from dspy_opro.core.teleprompter import OPRO, OPROTeleprompter
 from dspy_opro.errors import (
     EmptyResponseError,
     FatalLMError,
@@ -26,9 +27,8 @@ from dspy_opro.errors import (
     StateFileError,
 )
 from dspy_opro.extensions import HardDiverse, Racing, ValGate
-from dspy_opro.record.state import CandidateStatus, RunState
 from dspy_opro.record.summary import OPRORunSummary
-from dspy_opro.teleprompter import OPRO, OPROTeleprompter
+from dspy_opro.state import CandidateStatus, RunState
 
 if TYPE_CHECKING:
     from dspy_opro.extensions.label_free import PairwisePreference

@@ -22,36 +22,7 @@ from dspy_opro.errors import StateFileError
 from dspy_opro.record.files import LOCK_FILE, STATE_FILE, load_state, lock_is_held
 from dspy_opro.record.report import PLOT_INSTALL_HINT, TRAJECTORY_FILE, write_run_report
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2  # also: no usable state file
-
-
-def _prog() -> str:
-    return "python -m dspy_opro" if Path(sys.argv[0]).name == "__main__.py" else "dspy-opro"
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=_prog(), description="Tools for OPRO runs recorded by dspy-opro (the log_dir of a compile)."
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    report = commands.add_parser(
-        "report",
-        help="rewrite report.md and trajectory.png of a run from its state.json",
-        description=f"Rewrite LOG_DIR/report.md and, with matplotlib installed, LOG_DIR/{TRAJECTORY_FILE} "
-        f"from LOG_DIR/{STATE_FILE}.",
-    )
-    report.add_argument("log_dir", metavar="LOG_DIR", type=Path, help="the log_dir given to OPRO's compile")
-    report.add_argument("--no-plot", action="store_true", help=f"do not draw {TRAJECTORY_FILE}")
-    report.set_defaults(handler=_report)
-    return parser
-
-
-def _error(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2  # EXIT_USAGE also: no usable state file
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -61,7 +32,7 @@ def _report(args: argparse.Namespace) -> int:
         if state is None:
             raise StateFileError(f"{log_dir / STATE_FILE} does not exist; LOG_DIR must be the log_dir of an OPRO run.")
     except StateFileError as exc:
-        _error(str(exc))
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if state.status == "running" and lock_is_held(log_dir) is False:
         # The record cannot say so itself: its process died before it could write an end.
@@ -72,7 +43,7 @@ def _report(args: argparse.Namespace) -> int:
     try:
         written = write_run_report(state, log_dir, plot=not args.no_plot)
     except OSError as exc:
-        _error(f"cannot write the report in {log_dir}: {exc}")
+        print(f"error: cannot write the report in {log_dir}: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     for path in written:
         print(path)
@@ -83,12 +54,22 @@ def _report(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
-    parser = build_parser()
+    prog = "python -m dspy_opro" if Path(sys.argv[0]).name == "__main__.py" else "dspy-opro"
+    parser = argparse.ArgumentParser(prog=prog, description="Tools for OPRO runs recorded by dspy-opro (the log_dir "
+                                     "of a compile).")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    report = commands.add_parser(
+        "report", help="rewrite report.md and trajectory.png of a run from its state.json",
+        description=f"Rewrite LOG_DIR/report.md and, with matplotlib installed, LOG_DIR/{TRAJECTORY_FILE} "
+        f"from LOG_DIR/{STATE_FILE}.")
+    report.add_argument("log_dir", metavar="LOG_DIR", type=Path, help="the log_dir given to OPRO's compile")
+    report.add_argument("--no-plot", action="store_true", help=f"do not draw {TRAJECTORY_FILE}")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error already printed by argparse
         return exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_USAGE)
-    return args.handler(args)
+    return _report(args)  # the one command
 
 
 if __name__ == "__main__":

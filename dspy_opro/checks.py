@@ -4,7 +4,7 @@ Python's ``bool`` is an ``int``, so a naive check would let ``num_steps=True`` t
 bool where a number is meant and accepts numpy's numbers where Python's are. NaN is never in range. Each check
 raises ``ValueError`` naming the setting, what it must be and the value it got, so that the message says how to fix
 the call. A setting of the wrong kind altogether (a model that is neither a ``dspy.LM`` nor a string) is a
-``TypeError``; those checks live beside the setting, in :mod:`dspy_opro.config`.
+``TypeError``; those checks live beside the setting, in :mod:`dspy_opro.core.settings`.
 """
 
 from __future__ import annotations
@@ -49,17 +49,8 @@ def require_int(name: str, value: Any, *, minimum: int, allow_none: bool = False
         raise ValueError(f"{name} must be an int >= {minimum}{meaning}{or_none}; got {value!r}")
 
 
-def require_number(
-    name: str,
-    value: Any,
-    *,
-    low: float,
-    high: float,
-    allow_none: bool = False,
-    low_open: bool = False,
-    high_open: bool = False,
-    meaning: str = "",
-) -> None:
+def require_number(name: str, value: Any, *, low: float, high: float, allow_none: bool = False,
+                   low_open: bool = False, high_open: bool = False, meaning: str = "") -> None:
     """Raise ``ValueError`` unless ``value`` is a real number in the interval from ``low`` to ``high``.
 
     Args:
@@ -74,14 +65,12 @@ def require_number(
     """
     if value is None and allow_none:
         return
-    valid = False
-    if not is_bool(value) and isinstance(value, numbers.Real) and not math.isnan(number := float(value)):
-        valid = (low < number if low_open else low <= number) and (number < high if high_open else number <= high)
-    if not valid:
+    if (is_bool(value) or not isinstance(value, numbers.Real) or math.isnan(number := float(value))
+            or not (low < number if low_open else low <= number)
+            or not (number < high if high_open else number <= high)):
         interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-        raise ValueError(
-            f"{name} must be a number in {interval}{meaning}{' or None' if allow_none else ''}; got {value!r}"
-        )
+        or_none = " or None" if allow_none else ""
+        raise ValueError(f"{name} must be a number in {interval}{meaning}{or_none}; got {value!r}")
 
 
 def require_choice(name: str, value: Any, allowed: Sequence[str], *, meaning: str = "") -> None:

@@ -1,12 +1,22 @@
-"""Every use of DSPy's internals, in one place.
+"""Every use of DSPy's internals, in one place, for every DSPy 3.x from 3.1.
 
-dspy-opro runs on DSPy's public API wherever it can. A few things it needs have no public face in DSPy 3.4: the
-per-thread settings overrides that ``dspy.context`` writes (evaluation workers must adopt the caller's LM, adapter
-and callbacks), the id of the active callback call (so tracing nests the program runs under ``compile``), the usage
-tracker class and the LM exception types, DSPy's copy of LiteLLM's price map, and DSPy's logging stream. Each is
-reached here and nowhere else, and ``tests/test_compat.py`` has a test per access, so that a DSPy upgrade that
-moves one breaks one test that names it rather than the optimizer in many places. ``with_callbacks`` (the decorator
-that reports a call to DSPy's callbacks) lets a scored candidate report as a ``dspy.Evaluate`` call does.
+dspy-opro runs on DSPy's public API wherever it can: ``dspy.Evaluate``, ``dspy.context``, an LM's ``callbacks``,
+``dspy.LM``. What it needs beyond that is reached here and nowhere else, and
+``tests/test_compat.py`` has a test per access, run on each DSPy release CI installs, so that an upgrade that moves one
+breaks one test that names it rather than the optimizer in many places:
+
+* the module paths of names DSPy does not export at its top level: ``BaseCallback`` and ``with_callbacks`` (a
+  ``dspy.Evaluate`` subclass reports its calls as ``dspy.Evaluate`` does), ``EvaluationResult``, DSPy's logging
+  stream and format;
+* what an LM error is: DSPy 3.3 and later raise their own ``LMError`` family (:func:`lm_error_kind` reads it);
+  DSPy 3.1 and 3.2 let LiteLLM's exceptions through, which are read by class;
+* DSPy's copy of LiteLLM's price map (``dspy.clients.model_metadata``, DSPy 3.4), else LiteLLM's own map;
+* the text ``dspy.ReAct`` and ``dspy.ReActV2`` add to a predictor's instructions (:data:`AGENT_PROTOCOL_MARKERS`);
+* one of MLflow's: it keeps its active runs per thread, so a ``dspy.Evaluate`` call on another thread would not nest
+  its autologged run under the compile's (:func:`sharing_mlflow_runs`).
+
+DSPy 3.0 is not supported: it ignores an input field's ``default`` (which ``instruction_pos="Q_end"`` needs), and its
+parallel executor fails every task, silently, while a usage tracker is active.
 """
 
 from __future__ import annotations
@@ -15,53 +25,70 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, Literal
 
 import dspy
-from dspy.dsp.utils.settings import thread_local_overrides
-from dspy.dsp.utils.utils import dotdict
+from dspy.evaluate.evaluate import EvaluationResult
+from dspy.utils import exceptions as _dspy_exceptions
 from dspy.utils.callback import BaseCallback, with_callbacks
-from dspy.utils.callback_context import ACTIVE_CALL_ID
-from dspy.utils.exceptions import (
-    AdapterParseError,
-    ContextWindowExceededError,
-    LMAuthError,
-    LMBillingError,
-    LMConfigurationError,
-    LMProviderError,
-    LMUnexpectedError,
-    LMUnsupportedFeatureError,
-    LMUnsupportedModelError,
-    is_retryable_lm_error,
-)
+from dspy.utils.exceptions import AdapterParseError
 from dspy.utils.logging_utils import DSPY_LOGGING_STREAM, LOGGING_DATETIME_FORMAT, LOGGING_LINE_FORMAT
-from dspy.utils.usage_tracker import UsageTracker
 
-T = TypeVar("T")
+DSPY_VERSION = tuple(int(part) for part in dspy.__version__.split(".")[:2] if part.isdigit())
+
+# The searchable head of a predictor's instructions ends where a DSPy agent module's protocol begins: dspy.ReAct
+# appends it after a blank line, dspy.ReActV2 (DSPy 3.3 and later) after a newline. OPRO keeps the protocol verbatim.
+AGENT_PROTOCOL_MARKERS = ("You are an Agent. In each episode, you will be given the fields",
+                          "You are an Agent. Use the supplied tools to produce")
+
+LMErrorKind = Literal["fatal", "infra", "context_window"]
+
+# DSPy 3.3 and later: its own exception family.
+_FATAL = tuple(getattr(_dspy_exceptions, name) for name in (
+    "LMAuthError", "LMBillingError", "LMConfigurationError", "LMUnsupportedFeatureError", "LMUnsupportedModelError")
+    if hasattr(_dspy_exceptions, name))
+_UNEXPECTED = tuple(getattr(_dspy_exceptions, name) for name in ("LMUnexpectedError",)
+                    if hasattr(_dspy_exceptions, name))
+_PROVIDER = getattr(_dspy_exceptions, "LMProviderError", None)
+_CONTEXT_WINDOW = getattr(_dspy_exceptions, "ContextWindowExceededError", None)  # DSPy 3.2 and later
+_is_retryable = getattr(_dspy_exceptions, "is_retryable_lm_error", None)
+
+# DSPy 3.1 and 3.2: LiteLLM's exceptions, by class name (LiteLLM is not imported to look).
+_LITELLM_FATAL = ("AuthenticationError", "PermissionDeniedError", "NotFoundError", "BudgetExceededError")
+_LITELLM_INFRA = ("RateLimitError", "ServiceUnavailableError", "InternalServerError", "BadGatewayError", "Timeout",
+                  "APIConnectionError", "APIResponseValidationError")
 
 
-def current_context() -> tuple[dict[str, Any], Any]:
-    """The calling thread's DSPy settings overrides and active callback call id, to hand to a worker thread."""
-    return thread_local_overrides.get().copy(), ACTIVE_CALL_ID.get()
+def lm_error_kind(exc: BaseException) -> LMErrorKind | None:
+    """What an exception raised by an LM call is: ``"fatal"`` (no retry can help: authentication, permission, billing,
+    an unknown model, configuration), ``"infra"`` (transport or provider: rate limit, server error, timeout,
+    connection, an unreadable reply), ``"context_window"`` (the prompt is too long), or None (not an LM error)."""
+    if _CONTEXT_WINDOW is not None and isinstance(exc, _CONTEXT_WINDOW):
+        return "context_window"
+    if isinstance(exc, _FATAL):
+        return "fatal"
+    if (_is_retryable is not None and isinstance(exc, Exception) and _is_retryable(exc)) \
+            or isinstance(exc, _UNEXPECTED) or (_PROVIDER is not None and type(exc) is _PROVIDER):
+        return "infra"
+    if not type(exc).__module__.startswith("litellm"):
+        return None
+    name = type(exc).__name__
+    if name == "ContextWindowExceededError":
+        return "context_window"
+    status = getattr(exc, "status_code", None)
+    if name in _LITELLM_FATAL or (name == "APIError" and status in (401, 402, 403)):
+        return "fatal"
+    if name in _LITELLM_INFRA or (name == "APIError" and (status is None or status >= 500)):
+        return "infra"
+    return None
 
 
-def run_in_context(context: tuple[dict[str, Any], Any], function: Callable[..., T], *args: Any) -> T:
-    """Run ``function(*args)`` in this (worker) thread under the context :func:`current_context` took.
-
-    The overrides are merged over the worker's own, as DSPy's own parallel executor does, and the call id makes
-    callbacks and tracing nest the work under the caller's call.
-    """
-    overrides, call_id = context
-    token = thread_local_overrides.set(dotdict({**thread_local_overrides.get(), **overrides}))
-    call_token = ACTIVE_CALL_ID.set(call_id)
-    try:
-        return function(*args)
-    finally:
-        ACTIVE_CALL_ID.reset(call_token)
-        thread_local_overrides.reset(token)
+def is_adapter_parse_error(exc: BaseException) -> bool:
+    """Whether DSPy could not parse the model's answer into the signature's fields."""
+    return isinstance(exc, AdapterParseError)
 
 
 def input_keys(example: dspy.Example) -> list[str]:
@@ -73,23 +100,33 @@ def input_keys(example: dspy.Example) -> list[str]:
 
 
 def lm_engine(lm: Any) -> Any:
-    """The engine a ``dspy.LM`` was built with (``"auto"``, ``"litellm"``, ``"lm15"`` or an engine object)."""
-    return getattr(lm, "engine", None)
+    """The engine a ``dspy.LM`` uses: ``"litellm"`` before DSPy 3.4 (its only one), else the one it was built with
+    (``"auto"``, ``"litellm"``, ``"lm15"`` or an engine object)."""
+    if not isinstance(lm, dspy.LM):
+        return None
+    return getattr(lm, "engine", "litellm")
 
 
 def price_map_entry(model: str) -> dict[str, Any]:
-    """The entry of a model (``provider/name`` or a bare name) in the LiteLLM price map DSPy ships, or ``{}``.
+    """The entry of a model (``provider/name`` or a bare name) in LiteLLM's price map, or ``{}``.
 
-    DSPy prices its own calls from this copy (``dspy.clients.model_metadata``); reading it does not import LiteLLM.
-    ``LITELLM_LOCAL_MODEL_COST_MAP`` and ``LITELLM_MODEL_COST_MAP_URL`` keep LiteLLM's meaning.
+    DSPy 3.4 prices its own calls from its copy (``dspy.clients.model_metadata``), read without importing LiteLLM;
+    before, LiteLLM's ``model_cost`` (LiteLLM is imported with ``dspy`` there). ``LITELLM_LOCAL_MODEL_COST_MAP`` keeps
+    LiteLLM's meaning.
     """
-    from dspy.clients.model_metadata import _load, model_info
+    try:
+        from dspy.clients.model_metadata import _load, model_info
+    except ImportError:  # DSPy before 3.4
+        import litellm
 
+        table: dict[str, Any] = litellm.model_cost
+        entry = table.get(model) or table.get(model.partition("/")[2])
+        return dict(entry) if isinstance(entry, dict) else {}
     provider, _, name = model.partition("/")
     if name:
         info = model_info(provider, name)
         if info:
-            return info
+            return dict(info)
     entry = _load().get(model)
     return dict(entry) if isinstance(entry, dict) else {}
 
@@ -146,27 +183,41 @@ def logging_through_dspy(package: str) -> Iterator[None]:
         logger.propagate = propagate
 
 
+def sharing_mlflow_runs() -> Callable[[], AbstractContextManager[None]]:
+    """A context manager that gives the thread it runs on this thread's active MLflow runs while it lasts (MLflow's
+    ``_active_run_stack`` is thread-local), so that DSPy's autolog nests the runs it starts there under the compile's.
+    A no-op when MLflow is not imported or no run is active."""
+    fluent = sys.modules.get("mlflow.tracking.fluent")
+    if fluent is None or not fluent._active_run_stack.get():
+        return nullcontext
+    stack = list(fluent._active_run_stack.get())
+
+    @contextmanager
+    def shared() -> Iterator[None]:
+        own = fluent._active_run_stack.get()
+        saved, own[:] = list(own), stack
+        try:
+            yield
+        finally:
+            own[:] = saved
+
+    return shared
+
+
 __all__ = [
-    "ACTIVE_CALL_ID",
-    "AdapterParseError",
+    "AGENT_PROTOCOL_MARKERS",
+    "DSPY_VERSION",
     "BaseCallback",
-    "ContextWindowExceededError",
-    "LMAuthError",
-    "LMBillingError",
-    "LMConfigurationError",
-    "LMProviderError",
-    "LMUnexpectedError",
-    "LMUnsupportedFeatureError",
-    "LMUnsupportedModelError",
-    "UsageTracker",
-    "logging_through_dspy",
-    "current_context",
+    "EvaluationResult",
     "dspy_logging_stream",
     "input_keys",
-    "is_retryable_lm_error",
+    "is_adapter_parse_error",
     "lm_engine",
+    "lm_error_kind",
+    "logging_configured",
+    "logging_through_dspy",
     "price_map_entry",
-    "run_in_context",
+    "sharing_mlflow_runs",
     "user_stacklevel",
     "with_callbacks",
 ]

@@ -4,9 +4,10 @@ Every failure of a run falls into one of four classes, decided here from the exc
 ``__cause__`` chain), never from its message alone:
 
 * ``fatal``: no retry can fix it: authentication (401), permission (403), an unknown model (404), billing, missing
-  credentials, an unknown provider or another configuration error. DSPy already raises ``LMAuthError``,
+  credentials, an unknown provider or another configuration error. DSPy 3.3 and later raise ``LMAuthError``,
   ``LMUnsupportedModelError``, ``LMBillingError`` and ``LMConfigurationError`` (``LMNotConfiguredError`` for a
-  missing key on its native engine) for most of them. Two reach DSPy 3.4.1 misfiled, as probed here: through
+  missing key on its native engine) for most of them, DSPy 3.1 and 3.2 LiteLLM's own exceptions
+  (:func:`dspy_opro.compat.lm_error_kind` reads both). Two reach DSPy 3.4.1 misfiled, as probed here: through
   LiteLLM, a missing OpenAI key is the OpenAI client's bare ``openai.OpenAIError`` (raised before any request),
   which LiteLLM wraps into ``InternalServerError`` and DSPy into the retryable ``LMServerError``; and a model
   string without a known provider ("not-a-real-model") is LiteLLM's ``BadRequestError`` with an empty
@@ -28,26 +29,11 @@ import re
 import sys
 from typing import Any, Literal
 
-from dspy_opro.compat import (
-    ContextWindowExceededError,
-    LMAuthError,
-    LMBillingError,
-    LMConfigurationError,
-    LMProviderError,
-    LMUnexpectedError,
-    LMUnsupportedFeatureError,
-    LMUnsupportedModelError,
-    is_retryable_lm_error,
-    lm_engine,
-)
+from dspy_opro.compat import lm_engine, lm_error_kind
 
 logger = logging.getLogger(__name__)
 
 FailureClass = Literal["infra", "fatal", "failed"]
-
-_FATAL_LM_ERRORS = (
-    LMAuthError, LMBillingError, LMConfigurationError, LMUnsupportedFeatureError, LMUnsupportedModelError,
-)
 
 
 class OPRORunError(RuntimeError):
@@ -95,34 +81,25 @@ def _cause_chain(exc: BaseException) -> list[BaseException]:
     return chain
 
 
-def _is_client_configuration_error(exc: BaseException) -> bool:
-    """The OpenAI client's bare ``OpenAIError`` (missing credentials, raised before any request is sent)."""
-    openai = sys.modules.get("openai")  # not imported: the error cannot be one of its (and importing it takes seconds)
-    return openai is not None and type(exc) is getattr(openai, "OpenAIError", None)
-
-
 def _is_unknown_provider(exc: BaseException) -> bool:
     """LiteLLM's ``BadRequestError`` for a model string whose provider it cannot tell (``llm_provider == ""``)."""
-    if type(exc).__name__ != "BadRequestError" or not type(exc).__module__.startswith("litellm"):
-        return False
-    return getattr(exc, "llm_provider", None) == ""
+    return (type(exc).__name__ == "BadRequestError" and type(exc).__module__.startswith("litellm")
+            and getattr(exc, "llm_provider", None) == "")
 
 
 def classify_exception(exc: BaseException) -> FailureClass:
     """Sort an exception raised by a program, a metric or a model call into OPRO's failure classes."""
     if isinstance(exc, FatalLMError):
         return "fatal"
-    if isinstance(exc, _FATAL_LM_ERRORS):
+    kind = lm_error_kind(exc)
+    # The OpenAI client's bare ``OpenAIError`` is missing credentials, raised before any request is sent (openai not
+    # imported: the error cannot be one of its, and importing it takes seconds).
+    bare_openai = getattr(sys.modules.get("openai"), "OpenAIError", None)
+    if kind == "fatal" or any(type(e) is bare_openai or _is_unknown_provider(e) for e in _cause_chain(exc)):
         return "fatal"
-    chain = _cause_chain(exc)
-    if any(_is_client_configuration_error(e) or _is_unknown_provider(e) for e in chain):
-        return "fatal"
-    if isinstance(exc, ContextWindowExceededError):
+    if kind == "context_window":
         return "failed"  # this example is too long for the model; others may not be
-    if (isinstance(exc, Exception) and is_retryable_lm_error(exc)) or isinstance(exc, (LMUnexpectedError,
-                                                                                         EmptyResponseError)):
-        return "infra"
-    if type(exc) is LMProviderError:  # an unclassified provider answer, e.g. a malformed body: transient
+    if kind == "infra" or isinstance(exc, EmptyResponseError):
         return "infra"
     return "failed"
 
@@ -137,12 +114,10 @@ def rejects_n(exc: BaseException) -> bool:
     llama.cpp's ``llama-server`` answers ``n`` above its slot count with a 400; DSPy raises it as
     ``LMInvalidRequestError`` (status 400). Other 400s (a bad parameter, a prompt too long) are not this.
     """
-    for error in _cause_chain(exc):
-        status = getattr(error, "status", None) or getattr(error, "status_code", None)
-        if status == 400 or type(error).__name__ in ("LMInvalidRequestError", "BadRequestError"):
-            if not isinstance(error, ContextWindowExceededError) and _NAMES_N.search(str(error)):
-                return True
-    return False
+    return any(((getattr(e, "status", None) or getattr(e, "status_code", None)) == 400
+                or type(e).__name__ in ("LMInvalidRequestError", "BadRequestError"))
+               and lm_error_kind(e) != "context_window" and _NAMES_N.search(str(e)) is not None
+               for e in _cause_chain(exc))
 
 
 def clean_text(text: str) -> str:
@@ -168,8 +143,7 @@ def fatal_lm_error(role: str, model: str, exc: BaseException) -> FatalLMError:
     """The error that stops a run on a fatal failure of the ``role`` model (optimizer, task, judge)."""
     return FatalLMError(
         f"the {role} model {model!r} failed in a way no retry can fix: {describe_exception(exc)}. "
-        "Check its API key (or environment variable), permissions, billing and model name."
-    )
+        "Check its API key (or environment variable), permissions, billing and model name.")
 
 
 def check_model_ready(lm: Any, role: str) -> None:
@@ -184,8 +158,7 @@ def check_model_ready(lm: Any, role: str) -> None:
     """
     if lm_engine(lm) != "litellm":
         return
-    model = getattr(lm, "model", "")
-    kwargs = getattr(lm, "kwargs", {}) or {}
+    model, kwargs = getattr(lm, "model", ""), getattr(lm, "kwargs", {}) or {}
     import litellm
 
     try:
@@ -194,8 +167,7 @@ def check_model_ready(lm: Any, role: str) -> None:
         if _is_unknown_provider(exc):
             raise FatalLMError(
                 f"the {role} model {model!r} names no provider LiteLLM knows. Write it as 'provider/model', for "
-                "example 'openai/gpt-4o-mini' (see https://docs.litellm.ai/docs/providers)"
-            ) from exc
+                "example 'openai/gpt-4o-mini' (see https://docs.litellm.ai/docs/providers)") from exc
         raise
     if any(("key" in name or "token" in name or "credential" in name) and value for name, value in kwargs.items()):
         return  # credentials passed to dspy.LM
@@ -211,22 +183,9 @@ def check_model_ready(lm: Any, role: str) -> None:
     if keys:
         raise FatalLMError(
             f"the {role} model {model!r} has no API key: set {' or '.join(keys)} in the environment, or pass "
-            f"api_key=... to dspy.LM({model!r}, ...)"
-        )
+            f"api_key=... to dspy.LM({model!r}, ...)")
 
 
-__all__ = [
-    "EmptyResponseError",
-    "FatalLMError",
-    "LogDirError",
-    "MetricError",
-    "OPRORunError",
-    "OptimizerUnavailableError",
-    "ProgramError",
-    "check_model_ready",
-    "classify_exception",
-    "clean_text",
-    "describe_exception",
-    "fatal_lm_error",
-    "rejects_n",
-]
+__all__ = ["EmptyResponseError", "FatalLMError", "LogDirError", "MetricError", "OPRORunError",
+           "OptimizerUnavailableError", "ProgramError", "check_model_ready", "classify_exception", "clean_text",
+           "describe_exception", "fatal_lm_error", "rejects_n"]

@@ -11,6 +11,9 @@ import pytest
 from dspy_opro import OPRO
 from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
 
+pytestmark = pytest.mark.compat  # the compatibility subset: DSPy settings and contexts, on every DSPy 3.x CI installs
+
+
 REQUEST = contextvars.ContextVar("request", default="unset")
 SEEN: list = []  # (context value, instruction) per program run; module-level: the program is deep-copied
 LOCK = threading.Lock()

@@ -11,9 +11,9 @@ snippet. Shell blocks hold only commands that CI or a test runs.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import html.parser
 import importlib.util
+import inspect
 import os
 import re
 import runpy
@@ -126,7 +126,7 @@ def built_site(tmp_path_factory) -> Path:
 def test_mkdocs_build_strict(built_site):
     assert (built_site / "index.html").is_file()
     api = (built_site / "api" / "index.html").read_text(encoding="utf-8")
-    anchors = ("dspy_opro.OPROTeleprompter", "dspy_opro.OPROTeleprompter.compile", "dspy_opro.record.state.RunState")
+    anchors = ("dspy_opro.OPROTeleprompter", "dspy_opro.OPROTeleprompter.compile", "dspy_opro.state.RunState")
     for anchor in anchors:
         assert f'id="{anchor}"' in api
     assert "num_candidates" in api  # the constructor's documented parameters are rendered
@@ -145,13 +145,13 @@ RECORD_MODELS = ("RunState", "Candidate", "ErrorRecord", "Step", "Reply", "Selec
 @pytest.mark.parametrize("model", RECORD_MODELS)
 def test_every_record_field_is_described_on_the_api_page(built_site, model):
     """Each field of the persisted record has its own entry on the API page, with a description under it."""
-    from dspy_opro.record import state
+    from dspy_opro import state
 
     api = (built_site / "api" / "index.html").read_text(encoding="utf-8")
     fields = list(getattr(state, model).model_fields)
     assert fields
     for field in fields:
-        anchor = f'id="dspy_opro.record.state.{model}.{field}"'
+        anchor = f'id="dspy_opro.state.{model}.{field}"'
         assert anchor in api, f"{model}.{field} is not on the API page"
         entry = api[api.index(anchor):]
         entry = entry[:entry.index("</div>\n\n</div>")]
@@ -460,29 +460,29 @@ def test_the_import_rules_of_the_architecture_page_hold():
     for name, targets in graph.items():
         for target, how in targets:
             importers.setdefault(target, []).append((name, how))
-    # No subpackage imports config, run or teleprompter.
-    for top in ("config.py", "run.py", "teleprompter.py"):
-        below = [name for name, _ in importers.get(top, []) if "/" in name]
-        assert not below, f"{below} import {top}"
-    # Nothing imports teleprompter but __init__; nothing imports run but teleprompter, in compile.
-    assert {name for name, _ in importers["teleprompter.py"]} == {"__init__.py"}
-    assert importers["run.py"] == [("teleprompter.py", "nested")]
-    # The method never imports an extension's code: only config (building a policy) and __init__ (on first use) do,
-    # inside a function; the options are imported by config, teleprompter and __init__.
-    method = ("run.py", "selection.py", "proposing/", "scoring/", "task/", "record/")
+    # Nothing imports the teleprompter but __init__; nothing imports the step loop but the teleprompter, in compile.
+    assert {name for name, _ in importers["core/teleprompter.py"]} == {"__init__.py"}
+    assert importers["core/run.py"] == [("core/teleprompter.py", "nested")]
+    # The rooms below the method import nothing of core/ but the selection policies' types.
+    for room in ("scoring/", "task/", "record/", "extensions/"):
+        used = {target for name, targets in graph.items() if name.startswith(room)
+                for target, how in targets if target.startswith("core/") and how != "typing"}
+        assert used <= {"core/selection.py"}, (room, used)
+    # The method never imports an extension's code: only the settings (building a policy) and __init__ (on first
+    # use) do, inside a function; the options are imported by the settings, the teleprompter and __init__.
     for target, users in importers.items():
         if not target.startswith("extensions/"):
             continue
         outside = [(name, how) for name, how in users if not name.startswith("extensions/") and how != "typing"]
-        assert not [name for name, _ in outside if name.startswith(method)], (target, outside)
         if target == "extensions/__init__.py":
-            assert {name for name, _ in outside} <= {"config.py", "teleprompter.py", "__init__.py"}, outside
+            assert {name for name, _ in outside} <= {"core/settings.py", "core/teleprompter.py", "__init__.py"}, outside
         else:
-            assert all(name in ("config.py", "__init__.py") and how == "nested" for name, how in outside), (
+            assert all(name in ("core/settings.py", "__init__.py") and how == "nested" for name, how in outside), (
                 target, outside)
     # testing/ imports nothing of the package outside itself.
     assert not [(name, target) for name, targets in graph.items() if name.startswith("testing/")
                 for target, _ in targets if not target.startswith("testing/")]
+
 
 
 # --------------------------------------------------------------------------------------------- the settings: one source
@@ -500,17 +500,18 @@ def table_rows(text: str, heading: str) -> list[list[str]]:
     return rows
 
 
-def config_fields() -> list[dataclasses.Field]:
-    from dspy_opro.config import OPROConfig
+def settings() -> list[inspect.Parameter]:
+    """The settings: the keyword arguments of ``OPROTeleprompter.__init__``, in order (the one source of them)."""
+    from dspy_opro import OPROTeleprompter
 
-    return list(dataclasses.fields(OPROConfig))
+    return list(inspect.signature(OPROTeleprompter.__init__).parameters.values())[1:]
 
 
-def states_default(cell: str, spec: dataclasses.Field) -> bool:
-    """The rule for how a default is written: ``required`` for a field without one, else the default as a Python
+def states_default(cell: str, parameter: inspect.Parameter) -> bool:
+    """The rule for how a default is written: ``required`` for a setting without one, else the default as a Python
     literal in backticks at the start of the cell (``None``, ``10``, ``"random"``, ``0.0``), of the default's type;
     words may follow (`` `None`: dspy.settings.lm``)."""
-    if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+    if parameter.default is inspect.Parameter.empty:
         return cell == "required"
     found = re.match(r"`([^`]+)`", cell)
     if not found:
@@ -519,42 +520,24 @@ def states_default(cell: str, spec: dataclasses.Field) -> bool:
         value = ast.literal_eval(found[1])
     except (ValueError, SyntaxError):
         return False
-    return type(value) is type(spec.default) and value == spec.default
+    return type(value) is type(parameter.default) and value == parameter.default
 
 
-def test_method_parameter_table_is_the_configs_fields():
-    """docs/method.md's parameter table has one row per field of OPROConfig, in field order, each stating the
-    field's default by the rule of :func:`states_default`."""
+def test_method_parameter_table_is_the_constructors_settings():
+    """docs/method.md's parameter table has one row per setting, in the constructor's order, each stating the
+    setting's default by the rule of :func:`states_default`."""
     rows = table_rows((DOCS / "method.md").read_text(encoding="utf-8"), "## Parameters")
     assert all(len(row) == 4 for row in rows), [row[0] for row in rows if len(row) != 4]
-    names = [row[0] for row in rows]
-    assert names == [f"`{spec.name}`" for spec in config_fields()]
-    wrong = [(row[0], row[1]) for row, spec in zip(rows, config_fields(), strict=True)
-             if not states_default(row[1], spec)]
-    assert not wrong, f"'Default here' cells that do not state the field's default: {wrong}"
+    assert [row[0] for row in rows] == [f"`{parameter.name}`" for parameter in settings()]
+    wrong = [(row[0], row[1]) for row, parameter in zip(rows, settings(), strict=True)
+             if not states_default(row[1], parameter)]
+    assert not wrong, f"'Default here' cells that do not state the setting's default: {wrong}"
 
 
-def test_the_constructors_documented_arguments_are_the_configs_fields():
-    """The API page renders ``OPROTeleprompter``'s ``Args:``: one entry per field of OPROConfig, in field order,
-    each with the field's documentation (``settings_docstring()``), rewrapped."""
-    import inspect
-
+def test_each_setting_is_documented_once_in_the_constructors_docstring():
+    """The API page renders ``OPROTeleprompter``'s ``Args:``: one entry per setting, in the constructor's order."""
     from dspy_opro import OPROTeleprompter
-    from dspy_opro.config import settings_docstring
 
     doc = inspect.getdoc(OPROTeleprompter)
-    entries: list[list[str]] = []
-    for line in doc[doc.index("Args:"):].splitlines()[1:]:
-        entry = re.match(r"^    (\w+): (.*)$", line)
-        if entry:
-            entries.append([entry[1], entry[2]])
-        elif line.strip() and entries:
-            entries[-1][1] += " " + line.strip()
-    expected = [line.split(": ", 1) for line in settings_docstring().splitlines()[1:] if line]
-    assert entries == expected
-    assert [name for name, _ in entries] == [spec.name for spec in config_fields()]
-    parameters = list(inspect.signature(OPROTeleprompter.__init__).parameters.values())[1:]
-    assert [p.name for p in parameters] == [spec.name for spec in config_fields()]
-    for parameter, spec in zip(parameters, config_fields(), strict=True):
-        default = inspect.Parameter.empty if spec.default is dataclasses.MISSING else spec.default
-        assert parameter.default == default and type(parameter.default) is type(default), parameter.name
+    entries = re.findall(r"^    (\w+): ", doc[doc.index("Args:"):], re.M)
+    assert entries == [parameter.name for parameter in settings()]

@@ -31,12 +31,12 @@ from dspy_opro import (
     PairwisePreference,
     ProgramError,
 )
+from dspy_opro.core.exemplars import draw_exemplar_indices
+from dspy_opro.core.meta_prompt import instruction_md5
 from dspy_opro.errors import check_model_ready, classify_exception, clean_text
-from dspy_opro.proposing.exemplars import draw_exemplar_indices
-from dspy_opro.proposing.meta_prompt import instruction_md5
 from dspy_opro.record.files import STATE_FILE, load_state
 from dspy_opro.record.report import REPORT_FILE
-from dspy_opro.record.state import ErrorRecord
+from dspy_opro.state import ErrorRecord
 from dspy_opro.testing import FaultConfig, SimulatedEndpoint, simulated_dataset, simulated_metric
 
 TASK, OPT, JUDGE = "openai/sim-task", "openai/sim-opt", "openai/sim-judge"
@@ -228,7 +228,7 @@ def test_empty_choices_from_the_optimizer_are_a_failed_call_retried_and_logged(e
     empty = "EmptyResponseError: the optimizer model answered with no choices"
     assert (first.failed_calls, first.errors, first.replies) == (1, [empty], [])
     assert (second.failed_calls, second.errors, len(second.replies)) == (0, [], 3)
-    warned = [r.getMessage() for r in caplog.records if r.name == "dspy_opro.proposing.optimizer_calls"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "dspy_opro.core.proposals"]
     assert len(warned) == 3 and all(empty in w for w in warned)
     assert [(r.n, r.status) for r in kinds(endpoint, "opro")] == [(3, 200)] * 4
 

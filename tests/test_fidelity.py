@@ -2,9 +2,9 @@
 
 The authors' end-to-end run (tests/golden/evolution_trace.json: 4 steps x 4 replies, a scripted optimizer and a
 scripted scorer) is replayed through ``OPROTeleprompter`` with fake models that return the same replies and the
-same scores; the triage is checked through :func:`dspy_opro.proposing.triage.triage_replies` (which the run
+same scores; the triage is checked through :func:`dspy_opro.core.proposals.triage_replies` (which the run
 calls), the exemplar draws through the run's own draw, the optimizer call through
-:func:`dspy_opro.proposing.optimizer_calls.propose`, and ``instruction_pos`` through what the task model receives at
+:func:`dspy_opro.core.proposals.propose`, and ``instruction_pos`` through what the task model receives at
 the simulated endpoint.
 """
 
@@ -20,10 +20,11 @@ import dspy
 import pytest
 
 from dspy_opro import OPROTeleprompter
-from dspy_opro.proposing.exemplars import draw_exemplar_indices
-from dspy_opro.proposing.meta_prompt import instruction_md5
-from dspy_opro.proposing.optimizer_calls import propose
-from dspy_opro.proposing.triage import triage_replies
+from dspy_opro.core.exemplars import draw_exemplar_indices
+from dspy_opro.core.meta_prompt import MetaPromptOptions, instruction_md5
+from dspy_opro.core.proposals import propose, triage_replies
+from dspy_opro.core.settings import resolved_search
+from dspy_opro.scoring.usage import UsageMeter
 from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
 from tests.fakes import (
     chat_reply,
@@ -42,8 +43,9 @@ STEPS = CONFIG["num_search_steps"]
 REPLIES = [call["reply"] for call in TRACE["optimizer_calls"]]
 ROWS = TRACE["data"]["questions_and_answers"]
 START = TRACE["initial_instructions"][0]
-AUTHORS_TRIAGE = {"optimizer_family": "gpt", "instruction_pos": "Q_begin",
-                  "meta_prompt_type": "both_instructions_and_exemplars", "max_instruction_chars": 500}
+AUTHORS_OPTIONS = MetaPromptOptions(optimizer_family="gpt", instruction_pos="Q_begin",
+                                    meta_prompt_type="both_instructions_and_exemplars")
+AUTHORS_CHARS = 500
 
 
 def _step_replies(step: int) -> list[str]:
@@ -69,7 +71,7 @@ def test_triage_of_the_trace_replies_without_registering_the_start_is_the_author
     seen: set[str] = set()
     fates, instructions = [], []
     for step in range(STEPS):
-        verdicts = triage_replies(_step_replies(step), seen, **AUTHORS_TRIAGE)
+        verdicts = triage_replies(_step_replies(step), seen, AUTHORS_OPTIONS, max_instruction_chars=AUTHORS_CHARS)
         seen |= {v.md5 for v in verdicts if v.md5}
         fates.append([v.fate for v in verdicts])
         instructions += [v.instruction for v in verdicts]
@@ -88,7 +90,8 @@ def test_triage_of_the_trace_replies_without_registering_the_start_is_the_author
 
 def test_ins_filter_is_case_sensitive_and_skips_what_the_authors_skipped() -> None:
     verdicts = triage_replies(["<INS>Write out each <INS> carefully.</INS>", "<INS>Read the INSTRUCTIONS.</INS>",
-                               "<INS>Read the instructions.</INS>"], set(), **AUTHORS_TRIAGE)
+                               "<INS>Read the instructions.</INS>"], set(), AUTHORS_OPTIONS,
+                              max_instruction_chars=AUTHORS_CHARS)
     assert [(v.instruction, v.fate) for v in verdicts] == [
         ("Write out each <INS> carefully.", "contains_ins"),
         ("Read the INSTRUCTIONS.", "contains_ins"),
@@ -100,14 +103,15 @@ def test_ins_filter_is_case_sensitive_and_skips_what_the_authors_skipped() -> No
 
 
 def test_registering_the_starting_instruction_makes_its_regeneration_a_duplicate() -> None:
-    verdicts = triage_replies(_step_replies(1), {instruction_md5(START)}, **AUTHORS_TRIAGE)
+    verdicts = triage_replies(_step_replies(1), {instruction_md5(START)}, AUTHORS_OPTIONS,
+                              max_instruction_chars=AUTHORS_CHARS)
     assert [v.fate for v in verdicts][:1] == ["duplicate"]
     assert [ins for ins, _, _ in TRACE["old_instructions_and_scores"]].count(START) == 2  # the authors' Q4
 
 
 def test_a_skipped_instruction_is_registered_so_its_repeat_is_a_duplicate() -> None:
     verdicts = triage_replies(["<INS></INS>", "<INS> </INS>", "<INS>Write <INS>.</INS>", "<INS>Write <INS>.</INS>"],
-                              set(), **AUTHORS_TRIAGE)
+                              set(), AUTHORS_OPTIONS, max_instruction_chars=AUTHORS_CHARS)
     assert [v.fate for v in verdicts] == ["empty", "duplicate", "contains_ins", "duplicate"]
 
 
@@ -225,7 +229,7 @@ def test_propose_sends_the_meta_prompt_verbatim_once_per_candidate() -> None:
     meta_prompt = TRACE["meta_prompts"][0][0]
     lm, engine = make_lm(scripted_optimizer([f"<INS>Idea {i}.</INS>" for i in range(8)]), model="anthropic/fake")
     proposals = propose(lm, meta_prompt, num_candidates=8, step=0, seed=0, temperature=1.0, max_tokens=512,
-                        num_threads=1)
+                        num_threads=1, take_usage=UsageMeter().take)
     assert len(engine.requests) == 8
     assert all(r.system is None and len(r.messages) == 1 and r.messages[0].role == "user"
                and user_text(r) == meta_prompt for r in engine.requests)
@@ -237,7 +241,7 @@ def test_propose_asks_an_openai_compatible_endpoint_once_with_n() -> None:
     meta_prompt = TRACE["meta_prompts"][0][0]
     with SimulatedEndpoint() as endpoint:
         proposals = propose(endpoint.lm("openai/optimizer"), meta_prompt, num_candidates=8, step=0, seed=0,
-                            temperature=1.0, max_tokens=512, num_threads=1)
+                            temperature=1.0, max_tokens=512, num_threads=1, take_usage=UsageMeter().take)
         requests = endpoint.requests
     assert [(r.kind, r.n, r.status) for r in requests] == [("opro", 8, 200)]
     assert requests[0].messages == [{"role": "user", "content": meta_prompt}]
@@ -261,7 +265,7 @@ def _task_messages(endpoint: SimulatedEndpoint) -> list[tuple[str, str]]:
 
 
 def test_q_end_puts_the_text_after_the_question(caplog: pytest.LogCaptureFixture) -> None:
-    with SimulatedEndpoint() as endpoint, caplog.at_level(logging.WARNING, logger="dspy_opro.run"):
+    with SimulatedEndpoint() as endpoint, caplog.at_level(logging.WARNING, logger="dspy_opro.core.run"):
         compiled = _compile_at_endpoint(endpoint, instruction_pos="Q_end")
         # Saving: the user is told at once that a JSON state file would lose the text.
         assert [r.getMessage() for r in caplog.records if "save_program=True" in r.getMessage()] == [
@@ -344,8 +348,9 @@ def test_defaults_that_differ_from_the_authors_reach_the_run() -> None:
     opt_lm, opt_engine = make_lm(scripted_optimizer(["<INS>" + "Be better. " * 60 + "</INS>"]))
     optimizer = OPROTeleprompter(lambda example, prediction, trace=None: float(prediction.answer == example.answer),
                                  prompt_model=opt_lm, task_model=task_lm, num_candidates=1, num_threads=1)
-    assert (optimizer.config.num_steps, optimizer.config.score_threshold, optimizer.config.max_tokens,
-            optimizer.config.max_instruction_chars) == (10, 0.0, 1024, None)
+    # num_steps stays None when not given, meaning the authors' 10 steps (the run resolves it).
+    assert (optimizer.num_steps, resolved_search(optimizer, 3)[0], optimizer.score_threshold, optimizer.max_tokens,
+            optimizer.max_instruction_chars) == (None, 10, 0.0, 1024, None)
     trainset = [dspy.Example(question=f"item {i}", answer=f"a{i}").with_inputs("question") for i in range(3)]
     record = optimizer.compile(dspy.Predict("question -> answer"), trainset=trainset).opro_run
     assert len(record.steps) == len(opt_engine.requests) == 10

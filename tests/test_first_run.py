@@ -199,9 +199,20 @@ def test_tolerated_metric_errors_are_counted_logged_and_recorded(caplog):
     assert start.scores[1] == 0.0 and start.failed == [1]
     assert [(e.error, e.example, e.count) for e in start.errors] == [("metric: KeyError: 'label'", 1, 1)]
     tolerated = [m for m in caplog.messages if m.startswith("Tolerated metric error")]
-    assert tolerated[0] == ("Tolerated metric error 1 of max_errors=10 (scored failure_score=0) on training example 1 "
-                            "({'question': 'item 1'}): KeyError: 'label'")
-    assert len(tolerated) == 3
+    # max_errors counts per evaluation of one candidate: each of the three has its error 1.
+    assert sorted(tolerated) == [f"Tolerated metric error 1 of max_errors=10 for candidate {cid} (scored "
+                                 "failure_score=0) on training example 1 ({'question': 'item 1'}): KeyError: 'label'"
+                                 for cid in (0, 1, 2)]
+
+
+def test_max_errors_counts_per_evaluation_of_one_candidate_not_per_compile():
+    optimizer, task_engine, opt_engine = make(metric=flaky_metric, max_errors=1)
+    compiled = optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4))
+    run = compiled.opro_run
+    # 3 errors in the compile, more than max_errors=1, but one per candidate's evaluation: the run finishes.
+    assert run.status == "finished" and run.tolerated_errors == 3
+    assert len(task_engine.requests) == 12 == run.metric_calls and len(opt_engine.requests) == 2
+    assert [c.failed for c in run.candidates] == [[1], [1], [1]]
 
 
 def test_past_max_errors_the_run_stops_naming_the_example_and_the_limit(tmp_path):
@@ -210,9 +221,9 @@ def test_past_max_errors_the_run_stops_naming_the_example_and_the_limit(tmp_path
     with pytest.raises(MetricError) as raised:
         optimizer.compile(dspy.Predict("question -> answer"), trainset=trainset)
     assert str(raised.value) == (
-        "the metric failed on training example 1 ({'question': 'item 1'}): KeyError: 'label', error 2 of this compile, "
-        "more than max_errors=1. Fix the metric: it must return a float in [0, 1], a bool, or "
-        "dspy.Prediction(score=..., feedback=...); then compile again with the same log_dir.")
+        "the metric failed on training example 1 ({'question': 'item 1'}): KeyError: 'label', error 2 of candidate 0's "
+        "evaluation on training, more than max_errors=1. Fix the metric: it must return a float in [0, 1], a bool, or "
+        "dspy.Prediction(score=..., feedback=...); then compile again with the same log_dir to resume.")
     assert len(task_engine.requests) == 2 and len(opt_engine.requests) == 0
     saved = load_state(tmp_path)
     assert saved.status == "failed" and saved.tolerated_errors == 1
@@ -292,7 +303,7 @@ def test_the_report_of_a_killed_run_says_it_stopped_and_how_to_resume(tmp_path, 
 
 
 def test_the_local_price_maps_are_used_only_when_every_model_is_local(monkeypatch):
-    from dspy_opro.plan import use_local_price_maps_offline
+    from dspy_opro.core.plan import use_local_price_maps_offline
 
     local = dspy.LM("openai/x", api_base="http://127.0.0.1:8000/v1", api_key="k")
     remote = dspy.LM("openai/gpt-4o-mini")
@@ -339,5 +350,6 @@ def test_a_metric_that_fails_on_every_example_of_the_start_stops_before_any_opti
     assert str(raised.value) == (
         "the metric failed on all 4 training examples of the program as given; first, on example 0: ValueError: the "
         "metric returned None. Fix the metric: it must return a float in [0, 1], a bool, or "
-        "dspy.Prediction(score=..., feedback=...); then compile again.")
+        "dspy.Prediction(score=..., feedback=...); then compile again (pass log_dir=... to keep what was scored and "
+        "resume instead).")
     assert len(task_engine.requests) == 4 and len(opt_engine.requests) == 0

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dspy_opro.proposing.exemplars import draw_exemplar_indices
-from dspy_opro.proposing.meta_prompt import extract_instruction, gen_meta_prompt, instruction_md5, polish_sentence
+from dspy_opro.core.exemplars import draw_exemplar_indices
+from dspy_opro.core.meta_prompt import extract_instruction, gen_meta_prompt, instruction_md5, polish_sentence
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -92,7 +92,7 @@ def _buckets(value: int | str) -> int | float:
 def _include_qa(inputs: dict[str, Any]) -> bool:
     # Special mapping: the authors ran instructions_only with A_begin and include_qa=False. Their meta-prompt
     # ignores include_qa for that type, but their scorer would reject the combination, and so does our
-    # validate_meta_prompt_options. include_qa=True gives the identical instructions_only text (checked in
+    # MetaPromptOptions. include_qa=True gives the identical instructions_only text (checked in
     # test_meta_prompt.py), so it is used for that line.
     if inputs["meta_prompt_type"] == "instructions_only" and inputs["instruction_pos"] not in ("Q_begin", "Q_end"):
         return True

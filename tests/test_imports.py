@@ -27,7 +27,7 @@ def test_import_adds_no_heavy_package():
     added = json.loads(out.stdout.strip().splitlines()[-1])
     assert {name.split(".")[0] for name in added} == {"dspy_opro"}  # no numpy, litellm, matplotlib, tqdm, ...
     # The run, the extensions and the test server load when a compile (or a test) needs them.
-    assert [name for name in added if name == "dspy_opro.run" or name.startswith(("dspy_opro.extensions.",
+    assert [name for name in added if name == "dspy_opro.core.run" or name.startswith(("dspy_opro.extensions.",
                                                                                    "dspy_opro.testing"))] == []
 
 

@@ -24,10 +24,10 @@ import dspy
 import pytest
 
 from dspy_opro import OPROTeleprompter, PairwisePreference
+from dspy_opro.core.exemplars import draw_exemplar_indices, predictor_history
+from dspy_opro.core.meta_prompt import gen_meta_prompt
+from dspy_opro.core.settings import Models, recorded_settings
 from dspy_opro.errors import StateFileError
-from dspy_opro.proposing.exemplars import draw_exemplar_indices
-from dspy_opro.proposing.meta_prompt import gen_meta_prompt
-from dspy_opro.proposing.step_inputs import predictor_history
 from dspy_opro.testing import FaultConfig, SimulatedEndpoint, answers_correctly, simulated_dataset, simulated_metric
 from tests.fakes import (
     chat_reply,
@@ -40,7 +40,6 @@ from tests.fakes import (
     toy_task_reply,
     user_text,
 )
-from tests.test_progress import Terminal, renderings, stderr_as
 
 START = "Given the fields `question`, produce the fields `answer`."
 OBJECTIVE = "your objective is:"
@@ -110,29 +109,29 @@ def test_each_initial_instruction_runs_once_per_example_with_the_start(endpoint)
     assert run.metric_calls == 18
 
 
-def test_the_start_and_the_initial_instructions_are_scored_in_one_parallel_phase() -> None:
-    """The start's run on item 0 is held back until an initial-instruction request arrives (at most 30 s: the first
-    DSPy calls import LiteLLM): on 4 threads that request comes while the start is still being scored, so the two
-    share one phase."""
-    initial_arrived = threading.Event()
+def test_the_start_and_the_initial_instructions_are_scored_in_one_phase_one_evaluate_call_each() -> None:
+    """Step -1 is one scoring phase: a ``dspy.Evaluate`` call per candidate, the start's first, each on every thread."""
     order: list[str] = []
+    evaluations: list[str] = []
+
+    class Evaluations(dspy.utils.callback.BaseCallback):
+        def on_evaluate_start(self, call_id, instance, inputs):
+            evaluations.append(inputs["program"].signature.instructions)
 
     def task(request) -> str:
-        question = field_value(user_text(request), "question")
-        if instruction_of(request) == "Better.":
-            order.append(f"initial {question}")  # before the event: the start's thread appends once woken
-            initial_arrived.set()
-        elif question == "item 0":
-            initial_arrived.wait(30.0)
-            order.append("start item 0 answered")
+        order.append(instruction_of(request))
         return toy_task_reply(request)
 
     task_lm, engine = make_lm(task)
     optimizer = OPROTeleprompter(toy_metric, prompt_model=task_lm, task_model=task_lm, num_steps=0, num_threads=4,
                                  initial_instructions=["Better."])
-    run = optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4)).opro_run
-    assert order[0].startswith("initial item") and "start item 0 answered" in order
+    with dspy.context(callbacks=[Evaluations()]):
+        run = optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4)).opro_run
+    start = "Given the fields `question`, produce the fields `answer`."
+    assert evaluations == [start, "Better."]
+    assert order == [start] * 4 + ["Better."] * 4
     assert [c.score for c in run.candidates] == [0.0, 0.25] and len(engine.requests) == 8
+    assert [phase.name for phase in run.phases] == ["step -1 scoring", "selection"]
 
 
 def test_the_meta_prompt_shows_each_initial_instruction_with_its_score(endpoint) -> None:
@@ -251,16 +250,19 @@ def test_the_setting_is_frozen_and_fingerprinted() -> None:
     texts = [STEP_BY_STEP]
     optimizer = OPROTeleprompter(simulated_metric, initial_instructions=texts)
     texts.append("changed later")
-    assert optimizer.config.initial_instructions == (STEP_BY_STEP,)
-    mapping = OPROTeleprompter(simulated_metric, initial_instructions={"answer": [CAREFUL]}).config
+    assert optimizer.initial_instructions == (STEP_BY_STEP,)
+    mapping = OPROTeleprompter(simulated_metric, initial_instructions={"answer": [CAREFUL]})
     assert mapping.initial_instructions == {"answer": (CAREFUL,)}
     lm = dspy.LM("openai/x", api_key="x")
-    from dspy_opro.config import Models
-
     models = Models(prompt=lm, task=lm, judge=None)
-    assert optimizer.config.recorded_settings(models, ["self"])["initial_instructions"] == [STEP_BY_STEP]
-    assert mapping.recorded_settings(models, ["answer"])["initial_instructions"] == {"answer": [CAREFUL]}
-    unset = OPROTeleprompter(simulated_metric).config.recorded_settings(models, ["self"])
+
+    def recorded(opt: OPROTeleprompter, targets: list[str]) -> dict:
+        return recorded_settings(opt, opt.setting_names(), num_steps=10, num_candidates=8, models=models,
+                                 targets=targets, has_valset=False)
+
+    assert recorded(optimizer, ["self"])["initial_instructions"] == [STEP_BY_STEP]
+    assert recorded(mapping, ["answer"])["initial_instructions"] == {"answer": [CAREFUL]}
+    unset = recorded(OPROTeleprompter(simulated_metric), ["self"])
     assert unset["initial_instructions"] is None
 
 
@@ -483,19 +485,31 @@ def test_several_initial_instructions_give_the_authors_meta_prompt() -> None:
 # --------------------------------------------------------------------------------------------------- label-free
 
 
-def test_label_free_never_judges_an_initial_instruction_before_its_anchor_exists(monkeypatch) -> None:
-    """Even on 4 threads, label-free step -1 is two phases, each with its own progress bar: the start's runs, which
-    leave the anchors, then the initial instruction's, each judged against the anchor of its example. (Without
-    labels, one phase as in ``test_the_start_and_the_initial_instructions_are_scored_in_one_parallel_phase`` would
-    judge a run before its example's anchor exists.)"""
-    terminal = stderr_as(monkeypatch, Terminal())
-    task_lm, task_engine = make_lm(toy_task_reply)
+def test_label_free_never_judges_an_initial_instruction_before_its_anchor_exists() -> None:
+    """Even on 4 threads, label-free step -1 is two phases: the start's runs, which leave the anchors, then the
+    initial instruction's, each judged against the anchor of its example. (Without labels, one phase as in
+    ``test_the_start_and_the_initial_instructions_are_scored_in_one_parallel_phase`` would judge a run before its
+    example's anchor exists.) The start's run on item 0 is held back for 0.5 s: in one phase, the other threads would
+    send the initial instruction's runs meanwhile; in two, none is sent before the start's runs are all answered."""
+    initial_arrived = threading.Event()
+    order: list[str] = []
+
+    def task(request) -> str:
+        question = field_value(user_text(request), "question")
+        if instruction_of(request) == "Better.":
+            order.append(f"initial {question}")
+            initial_arrived.set()
+        elif question == "item 0":
+            initial_arrived.wait(0.5)
+            order.append("start item 0 answered")
+        return toy_task_reply(request)
+
+    task_lm, task_engine = make_lm(task)
     judge_lm, judge_engine = make_lm(lambda request: chat_reply(rationale="Same.", preference=0), model="openai/judge")
     optimizer = OPROTeleprompter(PairwisePreference(judge_model=judge_lm), prompt_model=task_lm, task_model=task_lm,
                                  num_steps=0, num_threads=4, initial_instructions=["Better."])
     run = optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4)).opro_run
-    phases = [drawn for drawn in renderings(terminal.getvalue()) if drawn[1] == 0]
-    assert phases == [("start", 0, 4, None), ("start", 0, 4, "best 50.0")]
+    assert order[0] == "start item 0 answered" and sorted(order[1:]) == [f"initial item {i}" for i in range(4)]
     assert [instruction_of(request) for request in task_engine.requests] == [START] * 4 + ["Better."] * 4
     assert len(judge_engine.requests) == 4  # once per run of the initial instruction, none for the start's
     # The judge calls every pair even (preference 0, a score of 0.5, the start's own): on a tie the start is the best,

@@ -97,7 +97,8 @@ def test_compile_checks_before_any_lm_call(lm, setup, error, message):
 
 
 def test_prompt_model_string_becomes_a_litellm_lm():
-    from dspy_opro.config import resolve_model
+    from dspy_opro.core.settings import Models
 
-    lm = resolve_model("openai/gpt-4o-mini")
+    task_lm, _ = make_lm(toy_task_reply)
+    lm = Models.resolve(OPROTeleprompter(toy_metric, prompt_model="openai/gpt-4o-mini", task_model=task_lm)).prompt
     assert isinstance(lm, dspy.LM) and lm.model == "openai/gpt-4o-mini" and lm.engine == "litellm"

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "dspy_opro"
 
-SUBPACKAGES = ("proposing", "scoring", "task", "record", "extensions", "testing")
+SUBPACKAGES = ("core", "scoring", "task", "record", "extensions", "testing")
 
 @pytest.mark.parametrize("subpackage", SUBPACKAGES)
 def test_each_subpackage_says_what_it_owns_and_what_it_may_import(subpackage):
@@ -27,8 +27,7 @@ def test_each_subpackage_says_what_it_owns_and_what_it_may_import(subpackage):
 
 def test_the_top_level_is_small():
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert top == ["__init__.py", "__main__.py", "checks.py", "compat.py", "config.py", "errors.py", "plan.py",
-                   "run.py", "scoring_events.py", "selection.py", "teleprompter.py"]
+    assert top == ["__init__.py", "__main__.py", "checks.py", "compat.py", "errors.py", "state.py"]
 
 
 _DEFAULT_COMPILE = """
@@ -52,4 +51,4 @@ def test_a_default_compile_loads_no_extension():
                          capture_output=True, text=True)
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert [m for m in loaded if m.startswith("dspy_opro.extensions.")] == []
-    assert "dspy_opro.extensions" in loaded  # the options' dataclasses, which the configuration checks against
+    assert "dspy_opro.extensions" in loaded  # the options' dataclasses, which the settings are checked against

@@ -1,4 +1,4 @@
-"""Unit tests of dspy_opro.proposing.meta_prompt beyond the golden vectors: validation and focused behaviours."""
+"""Unit tests of dspy_opro.core.meta_prompt beyond the golden vectors: validation and focused behaviours."""
 
 from __future__ import annotations
 
@@ -8,17 +8,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dspy_opro.proposing.meta_prompt import (
-    GPT_EXEMPLARS_INTRO,
-    GPT_INS_CLOSING,
-    GPT_INS_HEADER,
-    PALM_EXEMPLARS_INTRO,
+from dspy_opro.core.meta_prompt import (
+    MetaPromptOptions,
     extract_instruction,
     format_score,
     gen_meta_prompt,
     polish_sentence,
-    validate_meta_prompt_options,
 )
+from dspy_opro.core.templates import GPT_EXEMPLARS_INTRO, GPT_INS_CLOSING, GPT_INS_HEADER, PALM_EXEMPLARS_INTRO
 
 HISTORY = [("Let's solve the problem.", 0.61, -1), ("Let's think step by step.", 0.71, 0)]
 
@@ -34,7 +31,7 @@ def _shown_instructions(prompt: str) -> list[str]:
 
 REJECTED_COMBINATIONS: list[dict[str, Any]] = [
     # Positions that need Q:/A: markers, for both types and with or without exemplars (see the docstring of
-    # validate_meta_prompt_options for why instructions_only is included).
+    # MetaPromptOptions for why instructions_only is included).
     {"instruction_pos": "A_begin", "include_qa": False},
     {"instruction_pos": "before_Q", "include_qa": False},
     {"instruction_pos": "A_begin", "include_qa": False, "meta_prompt_type": "instructions_only"},
@@ -67,14 +64,14 @@ def test_rejected_combinations_raise(options: dict[str, Any], with_exemplars: bo
     with pytest.raises(ValueError, match="allowed|must be one of|must be a bool") as info:
         gen_meta_prompt(HISTORY, [("q", "a")] if with_exemplars else None, **options)
     with pytest.raises(ValueError) as again:
-        validate_meta_prompt_options(**options)
+        MetaPromptOptions(**options)
     assert str(again.value) == str(info.value)
 
 
 @pytest.mark.parametrize("pos", ["before_Q", "A_begin"])
 def test_combination_error_names_the_allowed_combinations(pos: str) -> None:
     with pytest.raises(ValueError) as info:
-        validate_meta_prompt_options(instruction_pos=pos, include_qa=False)
+        MetaPromptOptions(instruction_pos=pos, include_qa=False)
     message = str(info.value)
     assert repr(pos) in message and "include_qa=True" in message
     for allowed in ("'Q_begin'", "'Q_end'", "'before_Q'", "'A_begin'"):
@@ -93,7 +90,7 @@ def test_combination_error_names_the_allowed_combinations(pos: str) -> None:
     ],
 )
 def test_accepted_combinations(family: str, pos: str, include_qa: bool, prompt_type: str) -> None:
-    validate_meta_prompt_options(
+    MetaPromptOptions(
         optimizer_family=family, instruction_pos=pos, include_qa=include_qa, meta_prompt_type=prompt_type
     )
     prompt = gen_meta_prompt(
@@ -114,7 +111,7 @@ def test_accepted_combinations(family: str, pos: str, include_qa: bool, prompt_t
 @pytest.mark.parametrize("buckets", BAD_BUCKETS, ids=repr)
 def test_bad_bucket_values_raise(buckets: Any) -> None:
     with pytest.raises(ValueError, match="num_score_buckets"):
-        validate_meta_prompt_options(num_score_buckets=buckets)
+        MetaPromptOptions(num_score_buckets=buckets)
     with pytest.raises(ValueError, match="num_score_buckets"):
         gen_meta_prompt(HISTORY, num_score_buckets=buckets)
     with pytest.raises(ValueError, match="num_score_buckets"):
@@ -123,7 +120,7 @@ def test_bad_bucket_values_raise(buckets: Any) -> None:
 
 @pytest.mark.parametrize(("buckets", "shown"), GOOD_BUCKETS, ids=[repr(b) for b, _ in GOOD_BUCKETS])
 def test_good_bucket_values(buckets: Any, shown: tuple[str, str]) -> None:
-    validate_meta_prompt_options(num_score_buckets=buckets)
+    MetaPromptOptions(num_score_buckets=buckets)
     prompt = gen_meta_prompt(HISTORY, num_score_buckets=buckets)
     assert [format_score(score, buckets) for _, score, _ in HISTORY] == list(shown)
     assert prompt.count("\nscore:\n") == 2
@@ -133,13 +130,13 @@ def test_good_bucket_values(buckets: Any, shown: tuple[str, str]) -> None:
 @pytest.mark.parametrize("value", [-1, 2.5, True, "20", None])
 def test_bad_max_num_instructions_raises(value: Any) -> None:
     with pytest.raises(ValueError, match="max_num_instructions"):
-        validate_meta_prompt_options(max_num_instructions=value)
+        MetaPromptOptions(max_num_instructions=value)
 
 
 @pytest.mark.parametrize("value", [-0.1, 1.5, 30, math.nan, "0.3", True])
 def test_bad_score_threshold_raises(value: Any) -> None:
     with pytest.raises(ValueError, match="score_threshold"):
-        validate_meta_prompt_options(score_threshold=value)
+        MetaPromptOptions(score_threshold=value)
 
 
 @pytest.mark.parametrize("score", [-0.01, 1.01, 100, math.nan, np.float64("nan"), math.inf, "0.5", None])

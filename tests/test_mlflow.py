@@ -17,6 +17,9 @@ import pytest
 
 pytest.importorskip("mlflow", reason="the mlflow extra (mlflow-skinny) is not installed")
 
+pytestmark = pytest.mark.compat  # the compatibility subset: MLflow autolog, on every DSPy 3.x CI installs
+
+
 ROOT = Path(__file__).parent.parent
 
 SCRIPT = """

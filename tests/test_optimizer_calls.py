@@ -18,10 +18,9 @@ import litellm
 import pytest
 
 from dspy_opro import OPROTeleprompter
+from dspy_opro.core.meta_prompt import MetaPromptOptions, extract_instruction, polish_sentence
+from dspy_opro.core.proposals import is_unclosed, triage_replies
 from dspy_opro.errors import rejects_n
-from dspy_opro.proposing.meta_prompt import extract_instruction, polish_sentence
-from dspy_opro.proposing.optimizer_calls import request_cost_bound
-from dspy_opro.proposing.triage import is_unclosed, triage_replies
 from dspy_opro.record.files import load_state
 from dspy_opro.record.report import REPORT_FILE
 from dspy_opro.testing import FaultConfig, SimulatedEndpoint, simulated_dataset, simulated_metric
@@ -127,8 +126,9 @@ def test_no_optimizer_request_is_sent_whose_worst_case_does_not_fit_in_max_cost(
     max_tokens = 80
     prices = (litellm.model_cost["gpt-4o"]["input_cost_per_token"],
               litellm.model_cost["gpt-4o"]["output_cost_per_token"])
-    # Room after step -1 for about three choices' worst case: the n=8 request shrinks to the n that fits.
-    max_cost = start + request_cost_bound(prices, 700, n=3, max_tokens=max_tokens)
+    # Room after step -1 for about three choices' worst case (700 prompt tokens, 3 x max_tokens completion tokens):
+    # the n=8 request shrinks to the n that fits.
+    max_cost = start + 700 * prices[0] + 3 * max_tokens * prices[1]
     with caplog.at_level(logging.WARNING, logger="dspy_opro"):
         run = compile_run(endpoint, trainset=train, opt=PRICED_OPT, task=PRICED_TASK, num_steps=3, num_candidates=8,
                           num_threads=1, max_tokens=max_tokens, max_cost=max_cost).opro_run
@@ -179,23 +179,26 @@ def test_unclosed_replies_keep_the_authors_extraction_and_get_their_own_fate():
                "meta_prompt_type": "both_instructions_and_exemplars"}
     replies = ["<INS>Think step by step.</INS>", "<INS>Think carefully.\nThis works because it is short.",
                "Solve it.", "<INS>Think step by step.</INS>"]
-    verdicts = triage_replies(replies, set(), max_instruction_chars=None, **options)
+    verdicts = triage_replies(replies, set(), MetaPromptOptions(**options), max_instruction_chars=None)
     assert [(v.fate, v.unclosed) for v in verdicts] == [("new", False), ("unclosed", True), ("new", False),
                                                         ("duplicate", False)]
     assert verdicts[1].instruction == polish_sentence(extract_instruction(replies[1], **options))
     assert verdicts[1].instruction == "Think carefully.\nThis works because it is short."
-    too_long = triage_replies(replies[1:2], set(), max_instruction_chars=20, **options)
+    too_long = triage_replies(replies[1:2], set(), MetaPromptOptions(**options), max_instruction_chars=20)
     assert [(v.fate, v.unclosed) for v in too_long] == [("too_long", True)]
     # PaLM's brackets and the instructions_only <TEXT> tag: the authors' extraction gives "" and None.
-    palm = triage_replies(["[Think step by step\nand check."], set(), max_instruction_chars=None,
-                          optimizer_family="palm", instruction_pos="Q_begin",
-                          meta_prompt_type="both_instructions_and_exemplars")
+    palm = triage_replies(["[Think step by step\nand check."], set(),
+                          MetaPromptOptions(optimizer_family="palm", instruction_pos="Q_begin",
+                                            meta_prompt_type="both_instructions_and_exemplars"),
+                          max_instruction_chars=None)
     assert [(v.fate, v.instruction, v.unclosed) for v in palm] == [("empty", "", True)]
-    text = triage_replies(["<TEXT>Think step by step."], set(), max_instruction_chars=None, optimizer_family="gpt",
-                          instruction_pos="Q_begin", meta_prompt_type="instructions_only")
+    text = triage_replies(["<TEXT>Think step by step."], set(),
+                          MetaPromptOptions(optimizer_family="gpt", instruction_pos="Q_begin",
+                                            meta_prompt_type="instructions_only"),
+                          max_instruction_chars=None)
     assert [(v.fate, v.instruction, v.unclosed) for v in text] == [("no_instruction", None, True)]
-    assert not is_unclosed("[Think.] and more [", optimizer_family="palm", instruction_pos="Q_begin",
-                           meta_prompt_type="both_instructions_and_exemplars")
+    assert not is_unclosed("[Think.] and more [", MetaPromptOptions(optimizer_family="palm", instruction_pos="Q_begin",
+                                                                    meta_prompt_type="both_instructions_and_exemplars"))
 
 
 @pytest.mark.slow
@@ -243,9 +246,9 @@ def test_a_server_counting_only_the_first_choice_is_named_in_the_record(endpoint
 
 
 def test_step_candidates_reads_the_record_and_leaves_it_unchanged():
-    from dspy_opro.proposing.meta_prompt import instruction_md5
-    from dspy_opro.proposing.triage import step_candidates
-    from dspy_opro.record.state import Candidate, Fingerprint, RunState, Step, digest
+    from dspy_opro.core.meta_prompt import instruction_md5
+    from dspy_opro.core.proposals import step_candidates
+    from dspy_opro.state import Candidate, Fingerprint, RunState, Step, digest
 
     start = {"p": "Answer."}
     state = RunState(fingerprint=Fingerprint(config="c", trainset="t", valset="v", program="p"), config={},
@@ -260,8 +263,9 @@ def test_step_candidates_reads_the_record_and_leaves_it_unchanged():
     records, new = step_candidates(
         Step(step=1, predictor="p", exemplar_indices=[], meta_prompt="", temperature=1.0),
         ["<INS>Answer.</INS>", "<INS>Be brief.</INS>", "<INS>Show work.</INS>", "<INS>Use INS tags.</INS>"],
-        state, n_train=2, optimizer_family="gpt", instruction_pos="Q_begin",
-        meta_prompt_type="both_instructions_and_exemplars", max_instruction_chars=None)
+        state, MetaPromptOptions(optimizer_family="gpt", instruction_pos="Q_begin",
+                                 meta_prompt_type="both_instructions_and_exemplars"),
+        max_instruction_chars=None)  # n_train is the state's train_size (2)
     assert state.model_dump_json() == before
     assert [(r.fate, r.candidate_id) for r in records] == [("duplicate", 0), ("duplicate", 1), ("new", 2),
                                                            ("contains_ins", 3)]

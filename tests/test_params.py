@@ -1,7 +1,6 @@
 """The settings as DSPy's teleprompters show theirs (``get_params()``, attributes) and the ``auto`` presets: the
 table of docs/method.md is the code's, a preset's steps and candidates reach the endpoint, explicit values win."""
 
-import dataclasses
 import json
 import re
 from pathlib import Path
@@ -10,7 +9,7 @@ import dspy
 import pytest
 
 from dspy_opro import OPRO, Racing
-from dspy_opro.config import AUTO_PRESETS, OPROConfig, auto_plan
+from dspy_opro.core.settings import AUTO_PRESETS, auto_plan, resolved_search
 from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
 
 DOCS = Path(__file__).parent.parent / "docs"
@@ -22,24 +21,37 @@ def test_get_params_returns_every_setting_by_name_json_apart_from_the_objects():
     optimizer = OPRO(simulated_metric, task_model=task, prompt_model="openai/optimizer", num_steps=3,
                      racing=Racing(alpha=0.1), predictors=["predict"], initial_instructions=["Be exact."])
     params = optimizer.get_params()
-    assert list(params) == [spec.name for spec in dataclasses.fields(OPROConfig)]
+    assert list(params) == OPRO.setting_names()
     assert params["metric"] is simulated_metric and params["task_model"] is task
     assert params["prompt_model"] == "openai/optimizer" and params["executor"] is None
+    # num_candidates as given: None, which compile resolves to 8 (or an auto preset's).
     assert (params["num_steps"], params["num_candidates"], params["racing"], params["predictors"]) == (
-        3, 8, {"alpha": 0.1}, ["predict"])
+        3, None, {"alpha": 0.1}, ["predict"])
     assert params["initial_instructions"] == ["Be exact."]
     rest = {name: value for name, value in params.items() if name not in OBJECTS}
     assert json.loads(json.dumps(rest)) == rest
 
 
-def test_the_settings_read_as_attributes_and_stay_fixed():
+def test_the_settings_read_as_attributes_and_a_value_set_afterwards_is_taken_and_checked_at_compile():
     optimizer = OPRO(simulated_metric, num_steps=4, top_k=2)
-    assert (optimizer.num_steps, optimizer.num_candidates, optimizer.top_k, optimizer.auto) == (4, 8, 2, None)
+    assert (optimizer.num_steps, optimizer.num_candidates, optimizer.top_k, optimizer.auto) == (4, None, 2, None)
     assert optimizer.metric is simulated_metric
-    with pytest.raises(AttributeError, match="make a new one with num_steps=5"):
-        optimizer.num_steps = 5
     with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
         optimizer.nonsense  # noqa: B018
+    with SimulatedEndpoint() as endpoint:
+        optimizer.prompt_model = endpoint.lm("openai/sim-optimizer")
+        optimizer.task_model = endpoint.lm("openai/sim-task")
+        optimizer.num_steps, optimizer.num_candidates, optimizer.display_progress = 1, 2, False
+        record = optimizer.compile(dspy.Predict("question -> answer"), trainset=simulated_dataset(5)).opro_run
+        opro_requests = [r for r in endpoint.requests if r.kind == "opro"]
+        assert (record.config["num_steps"], record.config["num_candidates"]) == (1, 2)
+        assert len(opro_requests) == 1 and opro_requests[0].n == 2
+        served = len(endpoint.requests)
+        optimizer.num_steps = 5.0
+        with pytest.raises(ValueError) as raised:
+            optimizer.compile(dspy.Predict("question -> answer"), trainset=simulated_dataset(5))
+        assert str(raised.value) == "num_steps must be an int >= 0 or None; got 5.0"
+        assert len(endpoint.requests) == served  # refused before any LM call
 
 
 def test_auto_is_checked_when_the_optimizer_is_made():
@@ -71,11 +83,11 @@ def test_the_presets_table_is_the_codes():
 
 def test_presets_scale_with_the_trainset_and_explicit_values_win():
     assert [auto_plan("medium", n) for n in (10, 20, 50, 1000)] == [(24, 8), (12, 8), (4, 8), (4, 8)]
-    config = OPROConfig(metric=simulated_metric, auto="light", num_candidates=2)
-    assert (config.num_steps, config.num_candidates) == (None, 2)
-    resolved = config.for_trainset(20)
-    assert (resolved.num_steps, resolved.num_candidates, resolved.auto) == ((400 // 20 - 1) // 4, 2, "light")
-    assert OPROConfig(metric=simulated_metric, auto="heavy", num_steps=1).for_trainset(20).num_steps == 1
+    optimizer = OPRO(simulated_metric, auto="light", num_candidates=2)
+    assert (optimizer.num_steps, optimizer.num_candidates) == (None, 2)
+    assert resolved_search(optimizer, 20) == ((400 // 20 - 1) // 4, 2)
+    assert optimizer.auto == "light" and (optimizer.num_steps, optimizer.num_candidates) == (None, 2)
+    assert resolved_search(OPRO(simulated_metric, auto="heavy", num_steps=1), 20)[0] == 1
 
 
 def test_a_preset_reaches_the_endpoint_and_the_record():

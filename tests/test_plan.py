@@ -10,7 +10,7 @@ import dspy
 import pytest
 
 from dspy_opro import OPROTeleprompter
-from dspy_opro.plan import OPTIMIZER_COMPLETION_TOKENS, OPTIMIZER_PROMPT_TOKENS, RunPlan
+from dspy_opro.core.plan import OPTIMIZER_COMPLETION_TOKENS, OPTIMIZER_PROMPT_TOKENS, RunPlan
 from tests.fakes import make_lm, scripted_optimizer, toy_dataset, toy_metric, toy_task_reply
 
 DATA = Path(__file__).resolve().parent.parent / "examples" / "data" / "word_problems.jsonl"

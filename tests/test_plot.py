@@ -15,7 +15,7 @@ from dspy_opro.record.plot import (
     score_axis_label,
     spread_offsets,
 )
-from dspy_opro.record.state import RunState, Selection
+from dspy_opro.state import RunState, Selection
 from tests.test_report import build_fixture_state
 
 pytest.importorskip("matplotlib")

@@ -1,92 +1,99 @@
-"""A program that fans out on its own threads and fails while some of them still call the LM.
+"""A program that makes its LM calls on threads it starts itself, with the model of ``dspy.configure(lm=...)``.
 
-DSPy's parallel executor raises as soon as a job fails (here ``max_errors=1``; under OPRO's threads DSPy's own race,
-one executor clearing tqdm's global instance set while another runs, raises ``KeyError`` the same way) and leaves
-its other workers running. Their LM calls are paid for: the evaluation is a program error, and its usage must still
-hold every call the engine served.
+Such threads see none of the DSPy context an evaluation runs in (their ``contextvars`` start empty), only the global
+settings. The run's usage meter sits in the task LM's own callbacks, so their calls are counted all the same: the
+record equals the simulated endpoint's request log, and ``max_cost`` holds. Marked ``compat``: it runs on every DSPy
+release CI installs.
 """
 
 from __future__ import annotations
 
-import logging
+import concurrent.futures as cf
 import threading
 
 import dspy
+import pytest
 
 from dspy_opro import OPROTeleprompter
-from tests.fakes import make_lm, scripted_optimizer, toy_dataset, toy_metric, toy_task_reply, user_text
+from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
 
-FAILING = "item 0"
-# Module-level, not attributes: OPRO deep-copies the program for each candidate, and a copied Event is another one.
-STARTED = threading.Event()  # the slow LM call is under way
+pytestmark = pytest.mark.compat
 
-
-class Boom(dspy.Module):
-    """Raises once the other worker's LM call is under way."""
-
-    def forward(self, question):
-        assert STARTED.wait(30), "the other worker never called the LM"
-        raise KeyError("simulated race")
+TASK = "openai/gpt-4o-mini"
 
 
-class FansOut(dspy.Module):
-    """``question -> answer``; on FAILING, runs the predictor and a failing job on DSPy's parallel executor."""
+class OnAPool(dspy.Module):
+    """Drafts an answer twice on a ThreadPoolExecutor of its own and returns the first draft."""
 
     def __init__(self):
         super().__init__()
-        self.predict = dspy.Predict("question -> answer")
-        self.boom = Boom()
+        self.draft = dspy.Predict("question -> answer")
 
     def forward(self, question):
-        if question != FAILING:
-            return self.predict(question=question)
-        parallel = dspy.Parallel(num_threads=2, max_errors=1, disable_progress_bar=True)
-        first, _ = parallel([(self.predict, {"question": question}), (self.boom, {"question": question})])
-        return first
+        with cf.ThreadPoolExecutor(max_workers=2) as pool:
+            drafts = list(pool.map(lambda _: self.draft(question=question), range(2)))
+        return drafts[0]
 
 
-class _Released(logging.Handler):
-    """Releases the slow LM call once DSPy's executor gave up (it logs this just before it raises)."""
+class OnAThread(dspy.Module):
+    """Drafts an answer on a bare threading.Thread, then once more on the evaluation's own thread."""
 
-    def __init__(self, gate: threading.Semaphore):
-        super().__init__(logging.WARNING)
-        self.gate = gate
+    def __init__(self):
+        super().__init__()
+        self.draft = dspy.Predict("question -> answer")
 
-    def emit(self, record: logging.LogRecord) -> None:
-        if "Execution cancelled" in record.getMessage():
-            self.gate.release()
+    def forward(self, question):
+        drafts = []
+        thread = threading.Thread(target=lambda: drafts.append(self.draft(question=question)))
+        thread.start()
+        thread.join()
+        drafts.append(self.draft(question=question))
+        return drafts[0]
 
 
-def test_usage_of_calls_still_in_flight_when_the_program_failed_is_counted(settle_started):
-    gate = threading.Semaphore(0)
-    STARTED.clear()
+def served(endpoint) -> tuple[int, int, int]:
+    records = [r for r in endpoint.requests if r.model == TASK.split("/")[1] and r.status == 200]
+    return len(records), sum(r.prompt_tokens for r in records), sum(r.completion_tokens for r in records)
 
-    def task_reply(request):
-        if FAILING in user_text(request):
-            STARTED.set()
-            assert gate.acquire(timeout=30), "the program never failed"
-            STARTED.clear()
-            # This call ends only once the failed evaluation waits for the calls in flight, before counting usage.
-            assert settle_started.wait(30), "the failed evaluation did not wait for the LM call in flight"
-            settle_started.clear()
-        return toy_task_reply(request)
 
-    task_lm, task_engine = make_lm(task_reply, input_tokens=11, output_tokens=7)
-    opt_lm, opt_engine = make_lm(scripted_optimizer(["<INS>Better better.</INS>"]), model="openai/opt")
-    handler = _Released(gate)
-    parallel_logger = logging.getLogger("dspy.utils.parallelizer")
-    parallel_logger.addHandler(handler)
+@pytest.fixture
+def configured():
+    """``dspy.configure(lm=...)`` on this thread, undone afterwards (only the thread that configured may change it)."""
+    endpoint = SimulatedEndpoint().start()
+    task = endpoint.lm(TASK, num_retries=0)
+    before = dspy.settings.lm
+    dspy.configure(lm=task)  # what a bare thread sees
     try:
-        optimizer = OPROTeleprompter(toy_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=1,
-                                     num_candidates=1, num_threads=1)
-        run = optimizer.compile(FansOut(), trainset=toy_dataset(3)).opro_run
+        with dspy.context(lm=task):  # and this thread, through the test suite's own context
+            yield endpoint, task
     finally:
-        parallel_logger.removeHandler(handler)
-    start, proposed = run.candidates
-    for candidate in (start, proposed):
-        assert candidate.failed == [0] and candidate.error_count == 1
-        assert candidate.errors[0].error == "Exception: Execution cancelled due to errors or interruption."
-    assert (start.scores, proposed.scores) == ([0.0, 0.0, 0.0], [0.0, 1.0, 0.0])
-    assert len(task_engine.requests) == run.metric_calls == 6 and len(opt_engine.requests) == 1
-    usage = run.usage.task
-    assert (usage.calls, usage.prompt_tokens, usage.completion_tokens) == (6, 6 * 11, 6 * 7)
+        dspy.configure(lm=before)
+        endpoint.stop()
+
+
+@pytest.mark.parametrize("program", [OnAPool, OnAThread])
+@pytest.mark.parametrize("num_threads", [1, 4])
+def test_calls_on_threads_the_program_starts_are_counted_as_the_endpoint_served(configured, program, num_threads):
+    endpoint, task = configured
+    optimizer = OPROTeleprompter(simulated_metric, prompt_model=endpoint.lm("openai/gpt-4o", num_retries=0),
+                                 num_steps=1, num_candidates=2, num_threads=num_threads, display_progress=False)
+    run = optimizer.compile(program(), trainset=simulated_dataset(5, seed=3)).opro_run
+    calls, prompt, completion = served(endpoint)
+    assert calls == 2 * run.metric_calls == 2 * 5 * len(run.scored())  # two task calls per program run
+    usage = run.usage.by_model[TASK]
+    assert (usage.calls, usage.prompt_tokens, usage.completion_tokens) == (calls, prompt, completion)
+    assert run.usage.task.calls == calls and task.callbacks == []  # the LM is left as it was
+
+
+def test_max_cost_holds_for_calls_on_threads_the_program_starts(configured):
+    endpoint, _ = configured
+    optimizer = OPROTeleprompter(simulated_metric, prompt_model=endpoint.lm(TASK, num_retries=0), max_tokens=64,
+                                 num_steps=3, num_candidates=2, num_threads=1, max_cost=0.0006, display_progress=False)
+    run = optimizer.compile(OnAPool(), trainset=simulated_dataset(5, seed=3)).opro_run
+    calls, prompt, completion = served(endpoint)
+    assert run.status == "stopped" and run.stop_reason.startswith("max_cost=$0.0006 reached")
+    assert run.usage.by_model[TASK].calls == calls  # the optimizer's and the program's threads' calls alike
+    assert run.usage.task.calls == 2 * run.metric_calls
+    # One evaluation at a time: the budget is passed by the evaluation that reached it, at most.
+    one_evaluation = run.usage.task.cost / run.metric_calls
+    assert 0.0006 <= run.usage.total_cost < 0.0006 + 1.5 * one_evaluation

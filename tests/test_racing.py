@@ -13,13 +13,43 @@ import numpy as np
 import pytest
 
 from dspy_opro.extensions.racing import (
+    DEFAULT_ALPHA,
     Decision,
-    Race,
+    Look,
     RacingSchedule,
     SequentialSignTest,
+    StepRace,
     binomial_half_pmf,
     example_order,
 )
+
+
+class Race:
+    """One candidate's race with the paired sign test against a fixed best (``best_scores``, by example), fed
+    results in any order: a :class:`StepRace` of one, whose id ``stream`` seeds the rounding of its differences."""
+
+    def __init__(self, *, best_scores, order, schedule: RacingSchedule, alpha: float = DEFAULT_ALPHA, seed: int = 0,
+                 stream: int = 0) -> None:
+        self._stream = stream
+        self._race = StepRace(incumbent=best_scores, entrants=[stream], order=order, schedule=schedule, alpha=alpha,
+                              seed=seed, incumbent_id=-1 if stream != -1 else -2, test="sign")
+
+    @property
+    def decision(self) -> Decision:
+        return self._race.decision(self._stream)
+
+    @property
+    def looks(self) -> list[Look]:
+        return self._race.looks(self._stream)
+
+    def needed(self) -> list[int]:
+        return self._race.needed(self._stream)
+
+    def record(self, example: int, score: float) -> Decision:
+        """Buffer one result and take every look it completes; results after a stop are ignored."""
+        if self.decision.action == "continue":
+            self._race.record(self._stream, example, score)
+        return self.decision
 
 
 def _run(race: Race, scores: np.ndarray, arrival: list[int]) -> Decision:

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from dspy_opro.extensions.racing_stats import example_order
+from dspy_opro.extensions.racing import example_order
 from tests.benchmark_modules import load_benchmark
 
 variants = load_benchmark("racing_variants")

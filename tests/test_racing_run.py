@@ -20,8 +20,9 @@ import dspy
 import pytest
 
 from dspy_opro import OPROTeleprompter, Racing
-from dspy_opro.extensions.racing_stats import RacingSchedule, example_order, threshold_table
-from dspy_opro.proposing.step_inputs import predictor_history
+from dspy_opro.core.exemplars import predictor_history
+from dspy_opro.core.settings import racing_options
+from dspy_opro.extensions.racing import RacingSchedule, example_order, threshold_table
 from dspy_opro.record.files import load_state
 from dspy_opro.record.report import render_run_report, render_step_report
 from dspy_opro.testing import SimulatedEndpoint
@@ -111,7 +112,7 @@ def test_a_raced_out_candidate_is_never_best_even_with_a_higher_partial_mean():
 ])
 def test_bad_racing_options_are_refused_before_any_call(options, message):
     if message is None:
-        assert OPROTeleprompter(toy_metric, **options).config.racing_options == Racing(alpha=0.05)
+        assert racing_options(OPROTeleprompter(toy_metric, **options).racing) == Racing(alpha=0.05)
         return
     with pytest.raises((TypeError, ValueError), match=message):
         OPROTeleprompter(toy_metric, **options)

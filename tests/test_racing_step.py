@@ -8,14 +8,34 @@ import math
 import numpy as np
 import pytest
 
-from dspy_opro.extensions.racing import LEAD_AFTER, StepRace
-from dspy_opro.extensions.racing_stats import (
+from dspy_opro.extensions.racing import (
+    LEAD_AFTER,
     MAX_THRESHOLD_N,
     RacingSchedule,
+    StepRace,
     example_order,
-    threshold_level,
     threshold_table,
 )
+
+
+def threshold_level(n: int, bar: int, looks: tuple[int, ...], alpha: float, power: float = 1.0) -> float:
+    """The exact probability that a candidate with training total ``bar`` is stopped by :func:`threshold_table`'s
+    critical counts for that bar (at most ``alpha``)."""
+    critical = threshold_table(n, looks, alpha, power)[bar]
+    mass = np.zeros(bar + 1)
+    mass[0] = 1.0
+    ones = np.arange(bar + 1)
+    stopped, drawn = 0.0, 0
+    for look, c in zip(looks, critical, strict=True):
+        while drawn < look:
+            moved = mass * np.clip((bar - ones) / (n - drawn), 0.0, 1.0)
+            mass = mass - moved
+            mass[1:] += moved[:-1]
+            drawn += 1
+        if c >= 0:
+            stopped += float(mass[: c + 1].sum())
+            mass[: c + 1] = 0.0
+    return stopped
 
 
 def run_step(incumbent: np.ndarray, candidates: dict[int, np.ndarray], *, seed: int = 0,

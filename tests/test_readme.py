@@ -25,27 +25,41 @@ def test_ci_runs_the_readme_install_and_test_commands():
     assert ci_lines[-1] == run_tests  # the last thing CI does, so its exit code is CI's
 
 
+def documented_settings() -> list[str]:
+    """The names the ``Args:`` section of OPROTeleprompter's docstring documents, in order."""
+    import inspect
+
+    from dspy_opro import OPROTeleprompter
+
+    doc = inspect.getdoc(OPROTeleprompter)
+    return re.findall(r"^    (\w+): ", doc[doc.index("\nArgs:\n"):], re.M)
+
+
 def test_readme_options_are_real_settings_with_their_defaults():
-    """The README's "Options you will reach for" names only fields of OPROConfig, each with its default: the
+    """The README's "Options you will reach for" names only settings of OPROTeleprompter (its
+    ``setting_names()``, each documented once in the class docstring's ``Args:``), each with its default: the
     "default" cell holds one backticked Python literal per option named (or ``required``)."""
     import ast
-    import dataclasses
+    import inspect
 
-    from dspy_opro.config import OPROConfig
+    from dspy_opro import OPROTeleprompter
 
-    fields = {spec.name: spec for spec in dataclasses.fields(OPROConfig)}
+    parameters = inspect.signature(OPROTeleprompter.__init__).parameters
+    settings = OPROTeleprompter.setting_names()
+    documented = documented_settings()
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     table = readme[readme.index("### Options you will reach for"):].split("\n\n")[1]
     rows = [[cell.strip() for cell in line.strip().strip("|").split(" | ")] for line in table.splitlines()[2:]]
     assert len(rows) >= 5
     for names_cell, default_cell, _ in rows:
         names = re.findall(r"`([^`]+)`", names_cell)
-        assert names and all(name in fields for name in names), f"not settings: {names_cell}"
+        assert names and all(name in settings for name in names), f"not settings: {names_cell}"
+        assert all(documented.count(name) == 1 for name in names), f"not documented once: {names_cell}"
         if default_cell == "required":
-            assert all(fields[name].default is dataclasses.MISSING for name in names), names_cell
+            assert all(parameters[name].default is inspect.Parameter.empty for name in names), names_cell
             continue
         defaults = [ast.literal_eval(value) for value in re.findall(r"`([^`]+)`", default_cell)]
         assert len(defaults) == len(names), f"{names_cell}: one default per option, got {default_cell}"
         for name, value in zip(names, defaults, strict=True):
-            default = fields[name].default
+            default = parameters[name].default
             assert type(value) is type(default) and value == default, f"{name}: {value!r} is not {default!r}"

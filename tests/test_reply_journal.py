@@ -21,12 +21,12 @@ import dspy
 import pytest
 
 from dspy_opro import OPROTeleprompter
+from dspy_opro.core.proposals import propose
 from dspy_opro.errors import StateFileError
-from dspy_opro.proposing.optimizer_calls import propose
 from dspy_opro.record.files import PROGRESS_FILE, ProgressJournal, load_state
 from dspy_opro.record.recorder import RunRecorder, meta_prompt_md5
-from dspy_opro.record.state import Fingerprint, ModelUsage, ReceivedReplies, RunState, Step
-from dspy_opro.run import OPRORun
+from dspy_opro.scoring.usage import UsageMeter
+from dspy_opro.state import Fingerprint, ModelUsage, ReceivedReplies, RunState, Step
 from dspy_opro.testing import FaultConfig, SimulatedEndpoint, simulated_dataset, simulated_metric
 from dspy_opro.testing.simulated import simulated_reply
 from tests.kill_job import OPTIMIZER, build, datasets
@@ -66,7 +66,9 @@ def opro(endpoint: SimulatedEndpoint, status: int | None = 200) -> list:
 def ask(endpoint, log, **options):
     arguments = {"num_candidates": 4, "step": 0, "seed": 0, "temperature": 1.0, "max_tokens": 200, "num_threads": 1,
                  **options}
-    return propose(endpoint.lm(OPT, num_retries=0), META_PROMPT, reply_log=log, **arguments)
+    lm = endpoint.lm(OPT, num_retries=0)
+    with UsageMeter().attached([lm]) as meter:  # the run's meter: each request takes what it was billed
+        return propose(lm, META_PROMPT, reply_log=log.record, take_usage=meter.take, **arguments)
 
 
 # ------------------------------------------------------------------------------------------------------ propose
@@ -95,7 +97,7 @@ def test_propose_with_received_replies_asks_only_the_missing_samples_and_returns
     assert proposals.replies == ["reply zero", fresh[0], "reply two", fresh[1]]
     assert [(sample, replies) for sample, replies, _ in log.records] == [(1, [fresh[0]]), (3, [fresh[1]])]
     # Only the new requests are counted: the received replies' usage was counted when they were replayed.
-    assert proposals.usage[OPT].calls == 2 == proposals.answered_calls
+    assert proposals.usage[OPT].calls == 2 == len(served)
     assert proposals.usage[OPT].prompt_tokens == sum(r.prompt_tokens for r in served)
     assert proposals.usage[OPT].completion_tokens == sum(r.completion_tokens for r in served)
 
@@ -126,8 +128,8 @@ def test_journaled_replies_are_replayed_onto_their_step_by_sample_and_counted_on
     recorder = RunRecorder(str(tmp_path), num_steps=3, max_metric_calls=None, max_cost=None)
     log = recorder.reply_log(1, META_PROMPT)
     assert log is not None
-    log.record(2, ["second"], usage(1, 100, 10, 0.001))
-    log.record(0, ["zeroth"], usage(1, 100, 12, 0.002))
+    log(2, ["second"], usage(1, 100, 10, 0.001))
+    log(0, ["zeroth"], usage(1, 100, 12, 0.002))
     recorder.journal_replies(step=0, sample=0, meta_prompt_md5="x", replies=["recorded"], usage=usage(1, 1, 1, 5.0))
     recorder.close()
     lines = ProgressJournal.read(tmp_path)
@@ -173,7 +175,7 @@ def test_a_snapshot_before_the_step_is_recorded_keeps_its_journaled_replies(tmp_
     state = record_state(steps=1)
     log = recorder.reply_log(1, META_PROMPT)
     assert log is not None
-    log.record(0, ["zeroth"], usage(1, 100, 12, 0.002))
+    log(0, ["zeroth"], usage(1, 100, 12, 0.002))
     recorder.save(state)
     assert [entry["r"] for entry in ProgressJournal.read(tmp_path)] == [["zeroth"]]
     state.steps.append(Step(step=1, predictor="predict", exemplar_indices=[], meta_prompt=META_PROMPT,
@@ -187,15 +189,17 @@ def test_ctrl_c_after_an_n_request_answered_keeps_its_choices_and_the_resumed_st
                                                                                                monkeypatch):
     # The window between an n request's answer and the step's snapshot: Ctrl-C there saves state.json (which does
     # not hold the step yet), and the journal keeps the request's choices.
-    real_triage, interrupted = OPRORun._triage, []
+    from dspy_opro.core import run as run_module
 
-    def interrupt_once(self, record, replies):
+    real_triage, interrupted = run_module.step_candidates, []
+
+    def interrupt_once(record, replies, *args, **kwargs):
         if not interrupted:
             interrupted.append(len(replies))
             raise KeyboardInterrupt
-        return real_triage(self, record, replies)
+        return real_triage(record, replies, *args, **kwargs)
 
-    monkeypatch.setattr(OPRORun, "_triage", interrupt_once)
+    monkeypatch.setattr(run_module, "step_candidates", interrupt_once)
 
     def compile_run():
         teleprompter = OPROTeleprompter(simulated_metric, prompt_model=endpoint.lm(OPT, num_retries=0),

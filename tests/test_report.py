@@ -30,7 +30,7 @@ from dspy_opro.record.report import (
     write_run_report,
     write_step_files,
 )
-from dspy_opro.record.state import (
+from dspy_opro.state import (
     Candidate,
     Fingerprint,
     ModelUsage,
@@ -615,7 +615,7 @@ def test_report_module_is_light(tmp_path: Path) -> None:
         assert not heavy, heavy
         import matplotlib
         backend = matplotlib.rcParams._get_backend_or_none()
-        from dspy_opro.record.state import RunState
+        from dspy_opro.state import RunState
         state = RunState.model_validate_json(open({str(FIXTURE)!r}, encoding="utf-8").read())
         report.plot_trajectory(state, {str(tmp_path / "t.png")!r})
         assert "matplotlib.pyplot" not in sys.modules

@@ -88,10 +88,10 @@ def test_a_truncated_state_file_is_a_clear_error(finished_job):
 
 
 def test_ctrl_c_saves_state_before_propagating_and_the_run_resumes(tmp_path, monkeypatch):
-    from dspy_opro.scoring_events import ScoringEventRecorder
+    from dspy_opro.core.run import OPRORun
 
     calls, results = [0], [0]
-    record_result = ScoringEventRecorder.record_result
+    record_result = OPRORun.record_result
 
     def task(request):
         calls[0] += 1
@@ -104,7 +104,7 @@ def test_ctrl_c_saves_state_before_propagating_and_the_run_resumes(tmp_path, mon
             raise KeyboardInterrupt
         return record_result(self, result)
 
-    monkeypatch.setattr(ScoringEventRecorder, "record_result", ctrl_c_at_the_ninth_result)
+    monkeypatch.setattr(OPRORun, "record_result", ctrl_c_at_the_ninth_result)
     task_lm, _ = make_lm(task)
     opt_lm, _ = make_lm(lambda request: "<INS>Better.</INS>")
     teleprompter = OPROTeleprompter(toy_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=1,
@@ -114,7 +114,7 @@ def test_ctrl_c_saves_state_before_propagating_and_the_run_resumes(tmp_path, mon
     saved = load_state(tmp_path)
     assert saved.status == "interrupted" and saved.candidates[0].status == "scored"
     assert calls[0] == 9
-    monkeypatch.setattr(ScoringEventRecorder, "record_result", record_result)
+    monkeypatch.setattr(OPRORun, "record_result", record_result)
     resumed = teleprompter.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(5))
     assert resumed.signature.instructions == "Better."
     assert resumed.opro_run.candidates[1].score == 1 / 5

@@ -17,7 +17,7 @@ from dspy_opro.record.files import load_state
 from dspy_opro.testing import SimulatedEndpoint
 from tests.kill_job import JUDGE, OPTIMIZER, TASK, build, datasets
 
-pytestmark = pytest.mark.slow  # each test SIGKILLs a child process running a compile
+pytestmark = [pytest.mark.slow, pytest.mark.compat]  # each test SIGKILLs a child process running a compile
 
 ROOT = Path(__file__).resolve().parent.parent
 PAID_KINDS = ("task", "judge")

@@ -10,7 +10,7 @@ from dspy_opro import OPRO, OPRORunSummary, RunState
 from dspy_opro.record.files import load_state
 from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
 
-pytestmark = pytest.mark.slow  # two compiles, saved and loaded back
+pytestmark = [pytest.mark.slow, pytest.mark.compat]  # two compiles, saved and loaded back
 
 
 def folder_size(path: Path) -> int:
@@ -82,3 +82,36 @@ def test_the_json_save_holds_the_program_state_alone(saved, track_stats):
     fresh = dspy.Predict("question -> answer")
     fresh.load(str(path))
     assert fresh.signature.instructions == compiled.signature.instructions
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "reset_copy", "copy.deepcopy"])
+def test_a_copy_of_the_compiled_program_keeps_the_candidate_programs_and_the_whole_record(saved, how):
+    """``deepcopy()`` (which ``reset_copy()`` and BootstrapFewShot call) copies; it does not summarize as pickling
+    does: every entry keeps its program, which answers as the candidate's instructions say."""
+    import copy
+
+    programs, _ = saved
+    compiled, _ = programs[False]
+    copied = {"deepcopy": compiled.deepcopy, "reset_copy": compiled.reset_copy,
+              "copy.deepcopy": lambda: copy.deepcopy(compiled)}[how]()
+    original = compiled.candidate_programs
+    assert len(copied.candidate_programs) == len(original) > 10
+    assert [(e["score"], e["instructions"], e["step"]) for e in copied.candidate_programs] == [
+        (e["score"], e["instructions"], e["step"]) for e in original]
+    for entry in copied.candidate_programs:
+        assert entry["program"] is not None and all(entry["program"] is not e["program"] for e in original)
+        assert {n: p.signature.instructions for n, p in entry["program"].named_predictors()} == entry["instructions"]
+    assert isinstance(copied.opro_run, RunState) and copied.opro_run is not compiled.opro_run
+    assert copied.opro_run.model_dump() == compiled.opro_run.model_dump()
+
+
+def test_a_pickled_compiled_program_carries_the_summary_and_the_candidates_without_their_programs(saved):
+    import cloudpickle
+
+    programs, _ = saved
+    compiled, _ = programs[False]
+    restored = cloudpickle.loads(cloudpickle.dumps(compiled))
+    assert isinstance(restored.opro_run, OPRORunSummary)
+    assert restored.opro_run.candidate_id == compiled.opro_run.selection.candidate_id
+    assert [sorted(e) for e in restored.candidate_programs] == [
+        ["instructions", "score", "step", "val_score"]] * len(compiled.candidate_programs)

@@ -1,9 +1,9 @@
 """The selection policies' decisions, on hand-made run records."""
 
-from dspy_opro import selection
+from dspy_opro.core import selection
 from dspy_opro.extensions.label_free import LabelFreeGate, label_free_gate
 from dspy_opro.extensions.val_gate import ValGatePolicy
-from dspy_opro.record.state import Candidate, Fingerprint, RunState
+from dspy_opro.state import Candidate, Fingerprint, RunState
 
 
 def record(train: list[float], val: list[float | None]) -> RunState:

@@ -12,6 +12,9 @@ from dspy_opro import OPRO
 from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
 
 TASK, OPTIMIZER = "openai/sim-task", "openai/sim-optimizer"
+pytestmark = pytest.mark.compat  # the compatibility subset: stacking, on every DSPy 3.x CI installs
+
+
 START = "Given the fields `question`, produce the fields `answer`."
 
 

@@ -9,9 +9,9 @@ import pytest
 from dspy.lm15 import AuthError, ServerError
 
 from dspy_opro import OPRO, OPROTeleprompter
+from dspy_opro.core.exemplars import draw_exemplar_indices
+from dspy_opro.core.meta_prompt import gen_meta_prompt
 from dspy_opro.errors import FatalLMError, MetricError, OPRORunError
-from dspy_opro.proposing.exemplars import draw_exemplar_indices
-from dspy_opro.proposing.meta_prompt import gen_meta_prompt
 from tests.fakes import (
     chat_reply,
     field_value,
@@ -320,7 +320,7 @@ def test_log_lines_go_through_dspys_stream_during_compile_only():
     ran = subprocess.run([sys.executable, "-c", LOGGING_PROBE, "shown"], capture_output=True, text=True,
                          cwd=Path(__file__).parent.parent, timeout=120)
     assert ran.returncode == 0, ran.stderr
-    assert "INFO dspy_opro.run: Step -1: scoring the program as given on 6 training examples" in ran.stderr
+    assert "INFO dspy_opro.core.run: Step -1: scoring the program as given on 6 training examples" in ran.stderr
     assert ("Step 0: 1 replies, 1 new (0 without their closing tag), 0 duplicates, 0 skipped, 0 failed calls"
             in ran.stderr)
     assert "OPRO selected candidate 1" in ran.stderr

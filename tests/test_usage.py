@@ -10,8 +10,7 @@ import dspy
 import pytest
 
 from dspy_opro import OPROTeleprompter
-from dspy_opro.scoring.evaluation import ExampleJob, run_example
-from tests.fakes import FakeEngine, chat_reply, make_lm, toy_dataset, toy_metric, toy_task_reply
+from tests.fakes import FakeEngine, chat_reply, field_value, make_lm, toy_dataset, toy_metric, toy_task_reply, user_text
 
 REPLIES = ["<INS>Better.</INS>", "<INS>Better better.</INS>", "<INS>Better better better.</INS>"]
 
@@ -97,61 +96,56 @@ def branches(side: dspy.Module, seen: list[tuple[str, list[str]]]) -> dspy.Modul
     return Branches()
 
 
-def test_only_a_program_that_forks_runs_with_a_callback():
+def test_no_callback_joins_the_settings_of_an_evaluation_even_where_the_program_forks():
+    """The meter sits in the task LM's own callbacks, so every module, adapter and tool call of an evaluation keeps
+    DSPy's fast path (no callback in ``dspy.settings``), on the evaluation's thread and on the program's own."""
     task_lm, _ = make_lm(toy_task_reply)
     opt_lm, _ = make_lm(lambda request, n: REPLIES[(n - 1) % 3], model="openai/opt")
     seen: list[tuple[str, list[str]]] = []
-
-    class OneThread(dspy.Module):
-        def __init__(self):
-            super().__init__()
-            self.predict = dspy.Predict("question -> answer")
-
-        def forward(self, question):
-            seen.append(("one thread", callback_names()))
-            return self.predict(question=question)
-
-    optimizer = OPROTeleprompter(toy_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=0,
-                                 num_exemplars=1, num_threads=1)
-    optimizer.compile(OneThread(), trainset=toy_dataset(2))
-    assert seen == [("one thread", [])] * 2  # DSPy's fast path: no callback on any call of the evaluation
 
     class Side(dspy.Module):
         def forward(self, question):
             seen.append(("branch", callback_names()))
             return dspy.Prediction(answer="side")
 
-    seen.clear()
-    optimizer.compile(branches(Side(), seen), trainset=toy_dataset(2))
-    # The fork arms the in-flight counter for the rest of that evaluation, on every thread; the next starts clean.
-    assert seen == [("forward", []), ("branch", ["LMCallCounter"]), ("after", ["LMCallCounter"])] * 2
+    optimizer = OPROTeleprompter(toy_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=0,
+                                 num_exemplars=1, num_threads=1)
+    run = optimizer.compile(branches(Side(), seen), trainset=toy_dataset(2)).opro_run
+    assert seen == [("forward", []), ("branch", []), ("after", [])] * 2
+    assert run.usage.task.calls == 2 and task_lm.callbacks == []  # counted; the LM is left as it was
 
 
-def test_usage_of_calls_a_failed_program_left_running_on_its_threads_is_counted(settle_started):
-    started = threading.Event()
+def test_usage_of_calls_a_failed_program_left_running_on_its_threads_is_counted():
+    """The program fails while its other branch still calls the LM; that call ends later (here, once the next
+    evaluation has begun) and is counted all the same: the meter counts a call when it ends, wherever it ran."""
+    started, next_evaluation = threading.Event(), threading.Event()
 
-    def slow_reply(request):
-        started.set()
-        # Still running when the other branch has failed and the program has raised: it ends once the failed
-        # evaluation waits for the calls in flight.
-        assert settle_started.wait(30), "the failed evaluation did not wait for the LM call in flight"
+    def reply(request):
+        question = field_value(user_text(request), "question") or ""
+        if question == "item 0":
+            started.set()
+            assert next_evaluation.wait(30), "the next evaluation never began"
         return toy_task_reply(request)
 
     class FailsOnceTheOtherBranchCalls(dspy.Module):
         def forward(self, question):
+            if question != "item 0":
+                next_evaluation.set()
+                return dspy.Prediction(answer="side")
             assert started.wait(10)
             raise ValueError("the side branch failed")
 
-    task_lm, task_engine = make_lm(slow_reply, input_tokens=11, output_tokens=7)
-    program = branches(FailsOnceTheOtherBranchCalls(), [])
-    job = ExampleJob(candidate_id=0, index=0, program=program, example=toy_dataset(1)[0], metric=toy_metric,
-                     failure_score=0.0, settings={"lm": task_lm})
-    result = run_example(job)
-    assert (result.outcome, result.score, result.error) == (
-        "failed", 0.0, "Exception: Execution cancelled due to errors or interruption.")
-    assert len(task_engine.requests) == 1
-    usage = result.usage["openai/fake"]
-    assert (usage.calls, usage.prompt_tokens, usage.completion_tokens) == (1, 11, 7)
+    task_lm, task_engine = make_lm(reply, input_tokens=11, output_tokens=7)
+    opt_lm, _ = make_lm(lambda request, n: REPLIES[(n - 1) % 3], model="openai/opt")
+    optimizer = OPROTeleprompter(toy_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=0,
+                                 num_exemplars=1, num_threads=1)
+    run = optimizer.compile(branches(FailsOnceTheOtherBranchCalls(), []), trainset=toy_dataset(2)).opro_run
+    start = run.candidates[0]
+    assert start.failed == [0] and start.errors[0].error == "Exception: Execution cancelled due to errors or " \
+                                                            "interruption."
+    assert len(task_engine.requests) == 2
+    usage = run.usage.task
+    assert (usage.calls, usage.prompt_tokens, usage.completion_tokens) == (2, 22, 14)
 
 
 def test_calls_and_cache_hits_are_exact_with_dspy_history_disabled():

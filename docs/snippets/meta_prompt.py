@@ -1,7 +1,7 @@
 """The meta-prompt of one step, built with the port of the authors' builder (the
 defaults of OPROTeleprompter)."""
 
-from dspy_opro.proposing.meta_prompt import gen_meta_prompt
+from dspy_opro.core.meta_prompt import gen_meta_prompt
 
 history = [  # (instruction, training score in [0, 1], step); -1 is the program as given
     ("Given the fields `question`, produce the fields `answer`.", 0.25, -1),

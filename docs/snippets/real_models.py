@@ -9,7 +9,7 @@ import dspy
 import litellm
 
 from dspy_opro import OPROTeleprompter
-from dspy_opro.proposing.optimizer_calls import honours_n
+from dspy_opro.core.proposals import honours_n
 from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
 
 # --8<-- [start:models]

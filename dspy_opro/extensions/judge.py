@@ -1,14 +1,12 @@
 """Label-free scoring of candidate instructions by the task model's own pairwise preference.
 
-OPRO needs a score for every instruction it proposes. When a deployment has no labels there is no metric to
-compute one, so this module scores a candidate the way retrospective harness optimization accepts a change to an
-agent's harness: by asking a model whether the work done with the change is better than the work done without it.
-The starting program runs once on each probe example, and those trajectories become a fixed anchor. Every
-candidate instruction then runs on the same examples, and a judge -- by default the task model itself -- compares
-each candidate trajectory with the anchor trajectory of the same example. It answers with an integer preference in
+OPRO needs a score for every instruction it proposes. Without labels there is no metric to compute one, so a
+candidate is scored the way retrospective harness optimization accepts a change to an agent's harness: by asking a
+model whether the work done with the change is better than the work done without it. The starting program's
+trajectories on the probe examples are a fixed anchor; a judge -- by default the task model itself -- compares each
+candidate trajectory with the anchor trajectory of the same example, answering with an integer preference in
 [-10, 10] (+10: an unacceptable result became excellent, 0: comparable, -10: a severe regression) and a one-sentence
-rationale. A candidate's score is its mean preference mapped linearly onto [0, 1] (OPRO shows it as 0-100), so the
-anchor itself scores 0.5 and an instruction is worth keeping when it climbs above that.
+rationale. A candidate's score is its mean preference mapped linearly onto [0, 1], so the anchor scores 0.5.
 
 The price is one judge call per probe example per candidate, on top of running the candidate itself. With
 ``both_orders=True`` it is two: each pair is judged once with the anchor in position A and once with the candidate
@@ -35,8 +33,7 @@ from typing import Any
 
 import dspy
 
-from dspy_opro.compat import AdapterParseError
-from dspy_opro.scoring.usage import LMCallCounter
+from dspy_opro.compat import BaseCallback, is_adapter_parse_error
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +41,7 @@ PREFERENCE_MIN = -10.0
 PREFERENCE_MAX = 10.0
 
 _REACT_KEY = re.compile(r"^(thought|tool_name|tool_args|observation)_(\d+)$")
+_REACT_LABELS = {"thought": "Thought", "tool_name": "Tool", "tool_args": "Arguments", "observation": "Observation"}
 _UNPARSEABLE_RATIONALE = "(the judgment could not be parsed; counted as no preference)"
 
 
@@ -79,9 +77,8 @@ class Judgment:
     """The judge's verdict on one candidate trajectory against the anchor trajectory of the same example.
 
     Attributes:
-        preference: How much better the candidate is than the anchor, in [-10, 10]. With ``both_orders`` it is half
-            the difference of the two judgments, so it may be a half-integer.
-        rationale: The judge's one-sentence rationale (both of them, labelled, with ``both_orders``).
+        preference: How much better the candidate is than the anchor, in [-10, 10] (with ``both_orders``, half the
+            difference of the two judgments). ``rationale``: the judge's one sentence (both, labelled).
         parsed: False if any judgment in it could not be parsed (that judgment counted as 0).
         calls: Judge LM calls made: 1 per judgment (2 with ``both_orders``), plus any retry an adapter made on its
             own (DSPy's ChatAdapter retries an unparseable reply once with its JSONAdapter).
@@ -117,135 +114,39 @@ def _truncate_middle(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     omitted = len(text) - limit
-    head = tail = 0
-    for _ in range(4):  # the marker's length depends on the count it reports; this settles in one or two rounds
+    while True:  # the marker's length depends on the count it reports; this settles in two or three rounds
         marker = f" … [{omitted} chars omitted] … "
         keep = limit - len(marker)
         if keep < 2:
             return text[:limit]
-        head, tail = keep - keep // 2, keep // 2
-        if len(text) - head - tail == omitted:
-            break
-        omitted = len(text) - head - tail
-    marker = f" … [{omitted} chars omitted] … "
-    return text[:head] + marker + text[len(text) - tail :]
+        if len(text) - keep == omitted:
+            return text[: keep - keep // 2] + marker + text[len(text) - keep // 2 :]
+        omitted = len(text) - keep
 
 
 def _field_lines(fields: Sequence[tuple[str, Any]], value_limit: int | None = None) -> list[str]:
-    lines = []
-    for name, value in fields:
-        text = _format_value(value)
-        if value_limit is not None:
-            text = _truncate_middle(text, value_limit)
-        lines.append(f"{name}: {text}")
-    return lines
+    texts = [(name, _format_value(value)) for name, value in fields]
+    return [f"{name}: {text if value_limit is None else _truncate_middle(text, value_limit)}" for name, text in texts]
 
 
 def _prediction_fields(prediction: Any, exclude: Collection[str] = ()) -> list[tuple[str, Any]] | None:
     """The output fields of a prediction (or a dict), or None when it is neither."""
-    if isinstance(prediction, dspy.Prediction):
-        return [(k, v) for k, v in prediction.items() if k not in exclude]
-    if isinstance(prediction, dict):
+    if isinstance(prediction, (dspy.Prediction, dict)):
         return [(str(k), v) for k, v in prediction.items() if k not in exclude]
     return None
-
-
-def _react_trajectory(prediction: Any) -> dict[str, Any] | None:
-    """The ``trajectory`` dict of a ``dspy.ReAct`` prediction, or None for any other prediction."""
-    if not isinstance(prediction, dspy.Prediction):
-        return None
-    trajectory = prediction.get("trajectory")
-    if not isinstance(trajectory, dict) or not all(_REACT_KEY.match(str(key)) for key in trajectory):
-        return None
-    return trajectory
-
-
-def _failure_line(error: BaseException) -> str:
-    return f"The program failed: {type(error).__name__}: {error}"
-
-
-def _render_react(trajectory: dict[str, Any], max_observation_chars: int) -> list[str]:
-    steps: dict[int, dict[str, Any]] = {}
-    for key, value in trajectory.items():
-        match = _REACT_KEY.match(str(key))
-        if match is None:  # _react_trajectory admits only ReAct's keys
-            continue
-        kind, index = match.groups()
-        steps.setdefault(int(index), {})[kind] = value
-    if not steps:
-        return ["(no tool calls)"]
-    blocks = []
-    for index in sorted(steps):
-        step = steps[index]
-        lines = [f"Step {index + 1}"]
-        if "thought" in step:
-            lines.append(f"Thought: {_format_value(step['thought'])}")
-        if "tool_name" in step:
-            lines.append(f"Tool: {_format_value(step['tool_name'])}")
-        if "tool_args" in step:
-            lines.append(f"Arguments: {_format_value(step['tool_args'])}")
-        if "observation" in step:
-            observation = _truncate_middle(_format_value(step["observation"]), max_observation_chars)
-            lines.append(f"Observation: {observation}")
-        blocks.append("\n".join(lines))
-    return blocks
-
-
-def _trace_step_label(predictor: Any) -> str:
-    signature = getattr(predictor, "signature", None)
-    spelled = getattr(signature, "signature", None)
-    return spelled if isinstance(spelled, str) else type(predictor).__name__
-
-
-def _render_trace(
-    trace: Sequence[Any], label_fields: Collection[str], max_observation_chars: int
-) -> tuple[list[str], list[tuple[str, Any]] | None]:
-    """Render trace steps; also return the last step's outputs (to avoid repeating them as the final outputs)."""
-    blocks = []
-    last_outputs = None
-    for number, entry in enumerate(trace, start=1):
-        try:
-            predictor, inputs, outputs = entry
-        except (TypeError, ValueError):
-            blocks.append(f"Step {number}\n{_format_value(entry)}")
-            continue
-        lines = [f"Step {number} ({_trace_step_label(predictor)})"]
-        input_fields = [(str(k), v) for k, v in dict(inputs or {}).items() if k not in label_fields]
-        if input_fields:
-            lines.append("Inputs:")
-            lines.extend(_field_lines(input_fields, max_observation_chars))
-        last_outputs = _prediction_fields(outputs)
-        lines.append("Outputs:")
-        lines.extend(_field_lines(last_outputs) if last_outputs is not None else [_format_value(outputs)])
-        blocks.append("\n".join(lines))
-    return blocks, last_outputs
 
 
 def render_inputs(example: dspy.Example) -> str:
     """Render an example's input fields, one ``name: value`` line each, for the judge's ``task_input``.
 
-    Only the keys designated by ``example.with_inputs(...)`` are shown; the example's labels never are.
-
-    Args:
-        example: The probe example.
-
-    Returns:
-        The rendered inputs.
-
-    Raises:
-        ValueError: If the example has no designated input keys (so inputs cannot be told from labels).
+    Only the keys designated by ``example.with_inputs(...)`` are shown; the example's labels never are. Raises
+    ``ValueError`` if the example has no designated input keys (so inputs cannot be told from labels).
     """
     return "\n".join(_field_lines(list(example.inputs().items())))
 
 
-def render_trajectory(
-    prediction: Any,
-    trace: Sequence[Any] | None = None,
-    *,
-    label_fields: Collection[str] = (),
-    max_chars: int = 4000,
-    max_observation_chars: int = 600,
-) -> str:
+def render_trajectory(prediction: Any, trace: Sequence[Any] | None = None, *, label_fields: Collection[str] = (),
+                      max_chars: int = 4000, max_observation_chars: int = 600) -> str:
     """Render what a program did on one example, for the judge.
 
     A ``dspy.ReAct`` prediction (one whose ``trajectory`` is ReAct's dict of ``thought_i``, ``tool_name_i``,
@@ -258,57 +159,64 @@ def render_trajectory(
     The example itself is never read, so its label values cannot appear. The program's own outputs are always
     shown, even under a field name that is also a label key: they are what the program produced.
 
-    Args:
-        prediction: The program's prediction, or the exception it raised.
-        trace: The DSPy trace of the run, if recorded. Ignored for ReAct predictions.
-        label_fields: The dataset's label keys. A predictor *input* under one of these names is withheld from the
-            trace rendering, since it could only carry a label value handed to the program; outputs are not affected.
-        max_chars: The whole rendering is cut to this many characters, keeping its head and tail.
-        max_observation_chars: Each ReAct observation, and each predictor input value in a trace, is cut to this many
-            characters, keeping its head and tail (``<head> … [N chars omitted] … <tail>``).
-
-    Returns:
-        The rendered trajectory.
+    A predictor *input* named as one of the ``label_fields`` (the dataset's label keys) is withheld from the trace
+    rendering, since it could only carry a label value handed to the program. The whole rendering is cut to
+    ``max_chars``, and each ReAct observation and each predictor input value in a trace to
+    ``max_observation_chars``, keeping head and tail (``<head> … [N chars omitted] … <tail>``).
     """
     blocks: list[str] = []
     failed = isinstance(prediction, BaseException)
-    react = None if failed else _react_trajectory(prediction)
+    react = None if failed or not isinstance(prediction, dspy.Prediction) else prediction.get("trajectory")
     last_outputs = None
-    if react is not None:
-        blocks.extend(_render_react(react, max_observation_chars))
+    if isinstance(react, dict) and all(_REACT_KEY.match(str(key)) for key in react):
+        steps: dict[int, dict[str, Any]] = {}
+        for key, value in react.items():
+            kind, position = str(key).rsplit("_", 1)  # a key of ReAct's, as matched above
+            steps.setdefault(int(position), {})[kind] = value
+        for index, step in sorted(steps.items()):
+            lines = [f"Step {index + 1}"]
+            for kind, label in _REACT_LABELS.items():
+                if kind in step:
+                    text = _format_value(step[kind])
+                    text = _truncate_middle(text, max_observation_chars) if kind == "observation" else text
+                    lines.append(f"{label}: {text}")
+            blocks.append("\n".join(lines))
+        blocks = blocks or ["(no tool calls)"]
         final = _prediction_fields(prediction, exclude=("trajectory",))
     else:
-        if trace:
-            steps, last_outputs = _render_trace(trace, set(label_fields), max_observation_chars)
-            blocks.extend(steps)
+        for number, entry in enumerate(trace or [], start=1):
+            try:
+                predictor, inputs, outputs = entry
+            except (TypeError, ValueError):
+                blocks.append(f"Step {number}\n{_format_value(entry)}")
+                continue
+            spelled = getattr(getattr(predictor, "signature", None), "signature", None)
+            lines = [f"Step {number} ({spelled if isinstance(spelled, str) else type(predictor).__name__})"]
+            input_fields = [(str(k), v) for k, v in dict(inputs or {}).items() if k not in set(label_fields)]
+            if input_fields:
+                lines += ["Inputs:", *_field_lines(input_fields, max_observation_chars)]
+            last_outputs = _prediction_fields(outputs)
+            lines.append("Outputs:")
+            lines += _field_lines(last_outputs) if last_outputs is not None else [_format_value(outputs)]
+            blocks.append("\n".join(lines))
         final = None if failed else _prediction_fields(prediction)
-
     if failed:
-        blocks.append(_failure_line(prediction))
+        blocks.append(f"The program failed: {type(prediction).__name__}: {prediction}")
     elif final is None:
         blocks.append(f"Final output:\n{_format_value(prediction)}")
-    elif final != last_outputs or not blocks:
+    elif final != last_outputs or not blocks:  # not the last step's outputs again
         blocks.append("\n".join(["Final outputs:", *_field_lines(final)]))
     return _truncate_middle("\n\n".join(blocks), max_chars)
 
 
 def clamp_preference(value: Any) -> tuple[float, bool]:
-    """Read a judge's preference as a number in [-10, 10].
-
-    Args:
-        value: An int, a float, or a string holding one (``"3"``, ``"+3"``, ``" -2.5 "``).
-
-    Returns:
-        ``(preference, True)`` with the number clamped to [-10, 10], or ``(0.0, False)`` when the value is not a
-        finite number.
-    """
-    if isinstance(value, bool) or value is None:
-        return 0.0, False
+    """Read a judge's preference (an int, a float, or a string holding one: ``"3"``, ``"+3"``, ``" -2.5 "``):
+    ``(preference, True)`` clamped to [-10, 10], or ``(0.0, False)`` when the value is not a finite number."""
     try:
-        number = float(value.strip()) if isinstance(value, str) else float(value)
+        number = float(value)  # float() strips a string's white space itself
     except (TypeError, ValueError, OverflowError):
         return 0.0, False
-    if not math.isfinite(number):
+    if isinstance(value, bool) or not math.isfinite(number):
         return 0.0, False
     return min(PREFERENCE_MAX, max(PREFERENCE_MIN, number)), True
 
@@ -316,35 +224,31 @@ def clamp_preference(value: Any) -> tuple[float, bool]:
 def preference_to_score(mean_preference: float) -> float:
     """Map a mean preference in [-10, 10] linearly onto a score in [0, 1]: ``(p + 10) / 20``.
 
-    The anchor itself (preference 0) scores 0.5. Values outside [-10, 10] are clamped.
-
-    Args:
-        mean_preference: A candidate's mean preference over the probe examples.
-
-    Returns:
-        The score in [0, 1].
-
-    Raises:
-        ValueError: If ``mean_preference`` is not a finite number (for example the mean of no judgments).
+    The anchor itself (preference 0) scores 0.5. Values outside [-10, 10] are clamped; a value that is not finite
+    (for example the mean of no judgments) raises ``ValueError``.
     """
     if not math.isfinite(mean_preference):
         raise ValueError(f"mean_preference must be a finite number, got {mean_preference!r}")
     return (min(PREFERENCE_MAX, max(PREFERENCE_MIN, mean_preference)) + 10.0) / 20.0
 
 
-class PairwiseJudge:
-    """Compares a candidate trajectory with the anchor trajectory of the same example.
+class _CallsStarted(BaseCallback):
+    """Counts the LM calls the judge starts (retries of DSPy's adapters included)."""
 
-    Args:
-        judge_lm: The LM that judges. None: the judge runs on ``dspy.settings.lm`` (the task model), which is the
-            self-preference this scoring is built on.
-        both_orders: Judge each pair in both positions and halve the difference, cancelling position bias at the
-            price of a second call.
-    """
+    def __init__(self) -> None:
+        self.started = 0
+
+    def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        self.started += 1
+
+
+class PairwiseJudge:
+    """Compares a candidate trajectory with the anchor trajectory of the same example, on ``judge_lm`` (None:
+    ``dspy.settings.lm``, the task model: the self-preference this scoring is built on); ``both_orders`` judges each
+    pair in both positions and halves the difference, cancelling position bias at the price of a second call."""
 
     def __init__(self, judge_lm: dspy.BaseLM | None = None, *, both_orders: bool = False) -> None:
-        self.judge_lm = judge_lm
-        self.both_orders = both_orders
+        self.judge_lm, self.both_orders = judge_lm, both_orders
         self.predict = dspy.Predict(JudgePreference)
 
     def _judge(self, task_input: str, a: str, b: str, rollout_id: int | None) -> tuple[float, str, bool]:
@@ -354,17 +258,16 @@ class PairwiseJudge:
             call["config"] = {"rollout_id": rollout_id}
         try:
             result = self.predict(**call)
-        except AdapterParseError as error:
-            logger.warning(
-                "Unparseable judge reply, counted as no preference (0): %s", _truncate_middle(str(error), 500)
-            )
+        except Exception as error:
+            if not is_adapter_parse_error(error):
+                raise
+            logger.warning("Unparseable judge reply, counted as no preference (0): %s",
+                           _truncate_middle(str(error), 500))
             return 0.0, _UNPARSEABLE_RATIONALE, False
-        preference, parsed = clamp_preference(getattr(result, "preference", None))
+        preference, parsed = clamp_preference(answer := getattr(result, "preference", None))
         rationale = str(getattr(result, "rationale", "") or "").strip()
         if not parsed:
-            logger.warning(
-                "Judge preference %r is not a number, counted as no preference (0)", getattr(result, "preference", None)
-            )
+            logger.warning("Judge preference %r is not a number, counted as no preference (0)", answer)
             return 0.0, rationale or _UNPARSEABLE_RATIONALE, False
         return preference, rationale, True
 
@@ -373,22 +276,13 @@ class PairwiseJudge:
 
         One order: the anchor is trajectory A and the candidate B, and the preference is the judgment. Both orders:
         ``p1`` judges (A=anchor, B=candidate), ``p2`` judges (A=candidate, B=anchor), and the preference is
-        ``(p1 - p2) / 2``.
-
-        Args:
-            task_input: The example's rendered inputs (see :func:`render_inputs`).
-            anchor: The starting program's rendered trajectory on the example.
-            candidate: The candidate's rendered trajectory on the example.
-            rollout_id: If given, passed to the judge call as ``config={"rollout_id": ...}``, so that a repeated
-                identical comparison is not answered from DSPy's cache (effective only at a nonzero temperature).
-
-        Returns:
-            The judgment.
-
-        Raises:
-            dspy.utils.exceptions.LMError: The judge LM failed; not caught here.
+        ``(p1 - p2) / 2``. ``task_input`` is the example's rendered inputs (:func:`render_inputs`), ``anchor`` and
+        ``candidate`` the rendered trajectories. A ``rollout_id`` is passed to the judge call as
+        ``config={"rollout_id": ...}``, so that a repeated identical comparison is not answered from DSPy's cache
+        (effective only at a nonzero temperature). An LM error of the judge (``dspy.utils.exceptions.LMError``) is
+        not caught here.
         """
-        counter = LMCallCounter()
+        counter = _CallsStarted()
         # trace=None keeps judge calls out of any trace the caller is recording for the program itself.
         overrides: dict[str, Any] = {"callbacks": [*(dspy.settings.get("callbacks") or []), counter], "trace": None}
         if self.judge_lm is not None:
@@ -398,9 +292,5 @@ class PairwiseJudge:
             if not self.both_orders:
                 return Judgment(preference=p1, rationale=r1, parsed=ok1, calls=counter.started)
             p2, r2, ok2 = self._judge(task_input, candidate, anchor, rollout_id)
-        return Judgment(
-            preference=(p1 - p2) / 2.0,
-            rationale=f"[candidate as B] {r1} [candidate as A] {r2}",
-            parsed=ok1 and ok2,
-            calls=counter.started,
-        )
+        return Judgment(preference=(p1 - p2) / 2.0, rationale=f"[candidate as B] {r1} [candidate as A] {r2}",
+                        parsed=ok1 and ok2, calls=counter.started)

@@ -3,29 +3,26 @@
 ``metric=PairwisePreference(judge_model=...)`` runs OPRO without labels. The step loop scores the program as given
 first with :meth:`PairwisePreference.anchor_metric`: each of its runs is rendered as a trajectory (the *anchor* of
 that example), kept in the run record (so a resumed run reuses it) and handed back with
-:meth:`PairwisePreference.add_anchor`; the program as given scores 0.5, comparable to itself. Every candidate then
-runs on the same examples, and the metric asks the judge (:class:`dspy_opro.extensions.judge.PairwiseJudge`) how
-much better the candidate's trajectory is than the anchor, mapping the preference from [-10, 10] onto the [0, 1]
-score OPRO expects, so the meta-prompt and the rest of the loop are unchanged. The result is selected by
-:class:`LabelFreeGate`: the best candidate is returned only if it is preferred over the program as given, on the
-valset when there is one.
-
-The metric is the seam (:class:`dspy_opro.scoring.evaluation.AnchoredMetric`): nothing in the step loop imports this
-module.
+:meth:`PairwisePreference.add_anchor`; the program as given scores 0.5. Every candidate then runs on the same
+examples, and the judge (:class:`dspy_opro.extensions.judge.PairwiseJudge`) says how much better its trajectory is
+than the anchor, on the [0, 1] scale OPRO expects. :class:`LabelFreeGate` returns the best candidate only if it is
+preferred over the program as given, on the valset when there is one. The metric is the seam
+(:class:`dspy_opro.scoring.evaluation.AnchoredMetric`): nothing in the step loop imports this module.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import dspy
 
 from dspy_opro.compat import user_stacklevel
+from dspy_opro.core.selection import start_of
 from dspy_opro.errors import clean_text
 from dspy_opro.extensions.judge import PairwiseJudge, preference_to_score, render_inputs, render_trajectory
-from dspy_opro.record.state import START_ID, Candidate, RunState, Selection, digest
-from dspy_opro.selection import start_of
+from dspy_opro.state import START_ID, Candidate, RunState, Selection, digest
 
 ANCHOR_SCORE = 0.5  # the starting program against itself
 
@@ -35,25 +32,20 @@ def example_key(example: dspy.Example) -> str:
     return digest(dict(example.inputs().items()))
 
 
-class _AnchorRecorder:
+def _record_anchor(example: dspy.Example, prediction: Any, trace: Any = None) -> dspy.Prediction:
     """The metric of the starting program's runs: renders each run as its example's anchor; scores 0.5."""
-
-    def __call__(self, example: dspy.Example, prediction: Any, trace: Any = None) -> dspy.Prediction:
-        if isinstance(prediction, BaseException):  # a run the program failed is an anchor too
-            text = f"The program failed: {type(prediction).__name__}: {prediction}"
-        else:
-            text = render_trajectory(prediction, trace)
-        return dspy.Prediction(score=ANCHOR_SCORE, anchor=clean_text(text))
+    if isinstance(prediction, BaseException):  # a run the program failed is an anchor too
+        text = f"The program failed: {type(prediction).__name__}: {prediction}"
+    else:
+        text = render_trajectory(prediction, trace)
+    return dspy.Prediction(score=ANCHOR_SCORE, anchor=clean_text(text))
 
 
 class PairwisePreference:
     """Label-free OPRO's metric: a judge compares each candidate's run with the starting program's run.
 
-    Args:
-        judge_model: The model that judges (a ``dspy.LM`` or a LiteLLM model string). None: the task model judges
-            its own runs.
-        both_orders: Judge each pair in both positions, cancelling position bias (two judge calls per example
-            instead of one).
+    ``judge_model`` is a ``dspy.LM`` or a LiteLLM model string (None: the task model judges its own runs);
+    ``both_orders`` judges each pair in both positions, cancelling position bias (two judge calls per example).
 
     Example:
         ```python
@@ -84,9 +76,9 @@ class PairwisePreference:
 
     # The AnchoredMetric seam -----------------------------------------------------------------------------------
 
-    def anchor_metric(self) -> _AnchorRecorder:
+    def anchor_metric(self) -> Callable[..., dspy.Prediction]:
         """The metric the starting program's runs are scored by."""
-        return _AnchorRecorder()
+        return _record_anchor
 
     def add_anchor(self, example: dspy.Example, text: str) -> None:
         """Judge later runs on ``example`` against ``text``."""
@@ -97,9 +89,7 @@ class PairwisePreference:
 
     def settings(self) -> dict[str, Any]:
         """What the run records and fingerprints of this metric."""
-        model = self.judge_model
-        return {"judge_model": getattr(model, "model", None) if model is not None else None,
-                "both_orders": self.both_orders}
+        return {"judge_model": getattr(self.judge_model, "model", None), "both_orders": self.both_orders}
 
     def __repr__(self) -> str:
         return f"PairwisePreference(judge_model={self.settings()['judge_model']!r}, both_orders={self.both_orders})"
@@ -144,6 +134,3 @@ def label_free_gate(best: Candidate, gate_score: float | None, where: str) -> Se
     return Selection(candidate_id=START_ID, selected_by="start",
                      reason=f"mean {where} preference {mean_preference:+.2f} over the starting program is not above "
                             "0; returning the program unchanged")
-
-
-__all__ = ["ANCHOR_SCORE", "LabelFreeGate", "PairwisePreference", "example_key", "label_free_gate"]

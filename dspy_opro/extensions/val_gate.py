@@ -9,17 +9,13 @@ the validation scoring cannot be completed (the budget ran out, or LM failures),
 
 from __future__ import annotations
 
-from dspy_opro.record.state import START_ID, Candidate, RunState, Selection, ranked_candidates
-from dspy_opro.selection import best_on_validation, start_of
+from dspy_opro.core.selection import best_on_validation, start_of
+from dspy_opro.state import START_ID, Candidate, RunState, Selection, ranked_candidates
 
 
 class ValGatePolicy:
-    """The selection policy of ``val_gate``.
-
-    Args:
-        top_k: How many of the best on training are scored on the valset.
-        min_delta: The margin, in [0, 1], by which the winner must beat the program as given.
-    """
+    """The selection policy of ``val_gate``: the ``top_k`` best on training are scored on the valset, and the
+    winner must beat the program as given by more than ``min_delta``, in [0, 1]."""
 
     uses_valset = True
 
@@ -56,6 +52,3 @@ class ValGatePolicy:
         return Selection(candidate_id=START_ID, selected_by="start",
                          reason=f"the best candidate's validation {won:.1f} does not beat the starting program's "
                                 f"{lost:.1f} by more than min_delta={self.min_delta}; returning the program unchanged")
-
-
-__all__ = ["ValGatePolicy"]

@@ -1,6 +1,6 @@
 """The files of a run record: ``state.json``, the journal and the lock.
 
-With a ``log_dir``, the run record (:class:`dspy_opro.record.state.RunState`) is kept on disk so that a crash at any
+With a ``log_dir``, the run record (:class:`dspy_opro.state.RunState`) is kept on disk so that a crash at any
 moment loses nothing paid for (:mod:`dspy_opro.record.recorder` decides when to write and how to resume):
 
 * ``state.json`` is written atomically (temporary file, fsync, rename) before step -1's first evaluation, after
@@ -23,18 +23,22 @@ import math
 import os
 import secrets
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from pydantic import ValidationError
 
 from dspy_opro.errors import LogDirError, RunInProgressError, StateFileError
-from dspy_opro.record.state import SCHEMA_VERSION, CandidateStatus, Fingerprint, ModelUsage, RunState
+from dspy_opro.state import SCHEMA_VERSION, CandidateStatus, Fingerprint, ModelUsage, RunState
 
 STATE_FILE = "state.json"
 PROGRESS_FILE = "progress.jsonl"
 LOCK_FILE = "run.lock"
+OUTCOMES = ("ok", "failed", "infra")  # the outcomes a journal entry records (fatal and metric errors stop the run)
+REPLY_KIND = "reply"  # the "k" of a journaled optimizer reply (an evaluation's entry has no "k")
+_FRESH = "Restore it from a backup, or delete the log_dir to start a fresh run."
 
 
 def check_log_dir_is_folder(log_dir: str) -> None:
@@ -66,25 +70,16 @@ def check_log_dir_writable(log_dir: str) -> None:
                           "folder you can write to, on a disk with free space.") from exc
 
 
-def _temporary_file(folder: Path) -> tuple[int, str]:
-    """A new file beside ``state.json``, created with mode 0666 less the umask, as every other file the run writes
-    (``mkstemp`` would make it 0600; reading the umask would change it, process-wide, for a moment)."""
-    for _ in range(100):
-        path = folder / f".state-{secrets.token_hex(8)}.tmp"
-        try:
-            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), str(path)
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"could not create a temporary file in {folder}")
-
-
 def save_state(state: RunState, log_dir: str | os.PathLike[str]) -> Path:
     """Write ``state.json`` atomically: a temporary file in the same folder, fsync, rename, fsync the folder."""
     folder = Path(log_dir)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / STATE_FILE
     payload = state.model_dump_json()
-    fd, tmp = _temporary_file(folder)
+    # A new file, created with mode 0666 less the umask as every other file the run writes (``mkstemp`` would make
+    # it 0600; reading the umask would change it, process-wide, for a moment).
+    tmp = str(folder / f".state-{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(payload)
@@ -117,22 +112,19 @@ def load_state(log_dir: str | os.PathLike[str]) -> RunState | None:
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StateFileError(
-            f"{path} is corrupt ({exc}); it is not valid JSON. Restore it from a backup, or delete the log_dir "
-            "to start a fresh run."
-        ) from exc
+        raise StateFileError(f"{path} is corrupt ({exc}); it is not valid JSON. {_FRESH}") from exc
     if not isinstance(data, dict):
-        raise StateFileError(f"{path} is corrupt: it holds JSON but not an OPRO run record. Restore it from a backup, "
-                             "or delete the log_dir to start a fresh run.")
+        raise StateFileError(f"{path} is corrupt: it holds JSON but not an OPRO run record. {_FRESH}")
     version = data.get("schema_version")
-    if version == 1:
-        data = _from_version_1(data)
-        version = SCHEMA_VERSION
+    if version == 1:  # a candidate a budget stopped was ``unscored`` with a reason "cut short ...": ``cut_short`` now
+        for candidate in data.get("candidates") or []:
+            if (isinstance(candidate, dict) and candidate.get("status") == "unscored"
+                    and str(candidate.get("reason") or "").startswith("cut short")):
+                candidate["status"] = "cut_short"
+        data, version = {**data, "schema_version": SCHEMA_VERSION}, SCHEMA_VERSION
     if version != SCHEMA_VERSION:
-        raise StateFileError(
-            f"{path} has schema version {version!r}; this dspy-opro reads version {SCHEMA_VERSION}. "
-            "Use the dspy-opro version that wrote it, or choose another log_dir."
-        )
+        raise StateFileError(f"{path} has schema version {version!r}; this dspy-opro reads version {SCHEMA_VERSION}. "
+                             "Use the dspy-opro version that wrote it, or choose another log_dir.")
     try:
         state = RunState.model_validate(data)
     except ValidationError as exc:
@@ -141,7 +133,7 @@ def load_state(log_dir: str | os.PathLike[str]) -> RunState | None:
     return state
 
 
-def _bad_score(value: float | None) -> bool:
+def _bad_score(value: Any) -> bool:
     return value is not None and (math.isnan(value) or not 0.0 <= value <= 1.0)
 
 
@@ -153,8 +145,7 @@ def check_record(state: RunState, path: str | os.PathLike[str]) -> None:
                               "outside dspy-opro: restore it from a backup, or delete the log_dir to start afresh.")
 
     for candidate in state.candidates:
-        sizes = {"scores": state.train_size, "val_scores": state.val_size}
-        for field, size in sizes.items():
+        for field, size in {"scores": state.train_size, "val_scores": state.val_size}.items():
             values = getattr(candidate, field)
             if values is None or (field == "scores" and candidate.status == CandidateStatus.SKIPPED and not values):
                 continue
@@ -168,16 +159,6 @@ def check_record(state: RunState, path: str | os.PathLike[str]) -> None:
                 raise refuse(candidate.id, field, f"{getattr(candidate, field)} is not a score in [0, 1]")
 
 
-def _from_version_1(data: dict[str, Any]) -> dict[str, Any]:
-    """A version-1 record in version 2's layout: a candidate a budget stopped was ``unscored`` with a reason that
-    began "cut short"; it is ``cut_short`` now."""
-    for candidate in data.get("candidates") or []:
-        if (isinstance(candidate, dict) and candidate.get("status") == "unscored"
-                and str(candidate.get("reason") or "").startswith("cut short")):
-            candidate["status"] = "cut_short"
-    return {**data, "schema_version": SCHEMA_VERSION}
-
-
 def _shown(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False, default=str)
     return text if len(text) <= 100 else f"{text[:48]}...{text[-48:]}"  # the end of a metric's name is its digest
@@ -188,12 +169,8 @@ def check_fingerprint(saved: RunState, fingerprint: Fingerprint, log_dir: str | 
 
     The refusal names each differing setting with its saved and its new value.
     """
-    labels = {
-        "config": "the optimizer configuration",
-        "trainset": "the trainset",
-        "valset": "the valset",
-        "program": "the program's structure, instructions or demos",
-    }
+    labels = {"config": "the optimizer configuration", "trainset": "the trainset", "valset": "the valset",
+              "program": "the program's structure, instructions or demos"}
     differ = []
     for name, label in labels.items():
         if getattr(saved.fingerprint, name) == getattr(fingerprint, name):
@@ -208,8 +185,7 @@ def check_fingerprint(saved: RunState, fingerprint: Fingerprint, log_dir: str | 
     if differ:
         raise StateFileError(
             f"{Path(log_dir) / STATE_FILE} belongs to a different run: {', '.join(differ)} differ(s) from the saved "
-            "run. Resume with the same settings, data and program, or choose a new log_dir."
-        )
+            "run. Resume with the same settings, data and program, or choose a new log_dir.")
 
 
 class LogDirLock:
@@ -226,19 +202,11 @@ class LogDirLock:
         """Take the lock, or raise :class:`RunInProgressError` at once; an unwritable folder raises ``OSError``."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(self.path, "a+b")  # noqa: SIM115 - held for the run
-        try:
-            import fcntl
-        except ImportError:  # no fcntl (Windows): no lock
-            self._handle = handle
-            return
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        if _try_lock(handle) is False:
             handle.close()
             raise RunInProgressError(
                 f"an OPRO run is in progress in {self.path.parent} (another process, or another compile in this one, "
-                f"holds {self.path}). Wait for it to finish, or give this compile another log_dir."
-            ) from None
+                f"holds {self.path}). Wait for it to finish, or give this compile another log_dir.") from None
         self._handle = handle
 
     def release(self) -> None:
@@ -256,27 +224,30 @@ def lock_is_held(log_dir: str | os.PathLike[str]) -> bool | None:
     path = Path(log_dir) / LOCK_FILE
     if not path.exists():
         return False
+    with open(path, "a+b") as handle:  # closing it releases the lock if it took it
+        free = _try_lock(handle)
+    return None if free is None else not free
+
+
+def _try_lock(handle: Any) -> bool | None:
+    """Take the OS lock of an open file without waiting: whether it was free (None without fcntl, on Windows)."""
     try:
         import fcntl
-    except ImportError:  # no fcntl (Windows): no lock to ask
+    except ImportError:
         return None
-    with open(path, "a+b") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-    return False
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
 
 
 class ProgressJournal:
-    """Append-only log of finished (candidate, example) evaluations between two snapshots of ``state.json``.
+    """``progress.jsonl``, append-only between two snapshots of ``state.json`` (the module docstring says what for).
 
-    Each entry carries the candidate's instruction digest and the evaluation's usage, so a resumed run applies it
-    only to the same instruction and knows what was spent. Lines are flushed as they are written, so a killed
-    process loses none (the OS keeps them). A torn last line, from a crash in the middle of a write (even in the
-    middle of a multi-byte character), is ignored on reading, and the next append starts on a new line. The file is
-    opened at the first append, so a finished run in a read-only ``log_dir`` never needs to write.
+    Lines are flushed as they are written, so a killed process loses none (the OS keeps them). A torn last line,
+    from a crash in the middle of a write (even of a multi-byte character), is ignored on reading, and the next
+    append starts on a new line. The file is opened at the first append: a read-only finished run never writes.
     """
 
     def __init__(self, log_dir: str | os.PathLike[str]):
@@ -286,13 +257,12 @@ class ProgressJournal:
     def _open(self) -> Any:
         if self._handle is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            handle = open(self.path, "ab")  # noqa: SIM115 - open for the run
-            if handle.tell() > 0:
+            self._handle = open(self.path, "ab")  # noqa: SIM115 - open for the run
+            if self._handle.tell() > 0:
                 with open(self.path, "rb") as existing:
                     existing.seek(-1, os.SEEK_END)
                     if existing.read(1) != b"\n":  # a torn last line: never glue an entry to it
-                        handle.write(b"\n")
-            self._handle = handle
+                        self._handle.write(b"\n")
         return self._handle
 
     def append(self, entry: dict[str, Any]) -> None:
@@ -302,12 +272,11 @@ class ProgressJournal:
 
     def clear(self) -> None:
         """Forget the entries: the snapshot just written holds them."""
-        if self._handle is None and not self.path.exists():
-            return
-        handle = self._open()
-        handle.truncate(0)
-        handle.seek(0)
-        handle.flush()
+        if self._handle is not None or self.path.exists():
+            handle = self._open()
+            handle.truncate(0)
+            handle.seek(0)
+            handle.flush()
 
     def close(self) -> None:
         if self._handle is not None:
@@ -322,9 +291,8 @@ class ProgressJournal:
     @staticmethod
     def read_numbered(log_dir: str | os.PathLike[str]) -> list[tuple[int, dict[str, Any]]]:
         """The entries with their line numbers (from 1), skipping lines that are not whole JSON objects."""
-        path = Path(log_dir) / PROGRESS_FILE
         try:
-            data = path.read_bytes()
+            data = (Path(log_dir) / PROGRESS_FILE).read_bytes()
         except FileNotFoundError:
             return []
         entries = []
@@ -338,7 +306,25 @@ class ProgressJournal:
         return entries
 
 
-OUTCOMES = ("ok", "failed", "infra")  # the outcomes a journal entry records (fatal and metric errors stop the run)
+Refuse = Callable[[str, str], StateFileError]
+
+
+def _refuser(path: str | os.PathLike[str], line: int, what: str, again: str) -> Refuse:
+    """The error for a journal line changed outside dspy-opro: the file, the line, ``what`` it is, the field."""
+    return lambda field, problem: StateFileError(
+        f"{path}, line {line}: {what}, field {field}: {problem}. The journal was changed outside dspy-opro: delete "
+        f"that line (or the whole file: {again}) and compile again.")
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _usage(raw: dict[str, Any], refuse: Refuse) -> dict[str, ModelUsage]:
+    try:
+        return {str(model): ModelUsage.model_validate(value) for model, value in (raw.get("u") or {}).items()}
+    except (AttributeError, ValidationError) as exc:
+        raise refuse("u (usage)", f"not a usage record ({exc})") from None
 
 
 @dataclass(frozen=True)
@@ -363,13 +349,8 @@ def journal_entry(raw: dict[str, Any], state: RunState, *, path: str | os.PathLi
     candidate of that number (not this run's), else the entry; anything else wrong is a :class:`StateFileError`
     naming the file, the line, the candidate and the field."""
     number = raw.get("c")
-
-    def refuse(field: str, problem: str) -> StateFileError:
-        return StateFileError(
-            f"{path}, line {line}: candidate {number!r}, field {field}: {problem}. The journal was changed outside "
-            f"dspy-opro: delete that line (or the whole file: its evaluations are run again) and compile again.")
-
-    if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < len(state.candidates):
+    refuse = _refuser(path, line, f"candidate {number!r}", "its evaluations are run again")
+    if not _is_int(number) or not 0 <= number < len(state.candidates):
         raise refuse("c (candidate)", f"the record has candidates 0 to {len(state.candidates) - 1}")
     candidate = state.candidates[number]
     if raw.get("d") != candidate.md5:
@@ -378,7 +359,7 @@ def journal_entry(raw: dict[str, Any], state: RunState, *, path: str | os.PathLi
     if split not in ("train", "val"):
         raise refuse("split", f"{split!r} is neither 'train' nor 'val'")
     index, size = raw.get("i"), state.train_size if split == "train" else state.val_size
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < size:
+    if not _is_int(index) or not 0 <= index < size:
         raise refuse("i (example)", f"{index!r} is not an example of the {split} split (0 to {size - 1})")
     if split == "train" and len(candidate.scores) != size:
         raise refuse("c (candidate)", f"candidate {number} is not scored on the training set ({candidate.status})")
@@ -391,12 +372,9 @@ def journal_entry(raw: dict[str, Any], state: RunState, *, path: str | os.PathLi
     if score is not None and outcome == "infra":
         raise refuse("s (score)", f"{score!r}, but an infrastructure failure has no score")
     count = raw.get("m")
-    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+    if count is not None and (not _is_int(count) or count < 1):
         raise refuse("m (evaluation count)", f"{count!r} is not a positive count")
-    try:
-        usage = {str(model): ModelUsage.model_validate(value) for model, value in (raw.get("u") or {}).items()}
-    except (AttributeError, ValidationError) as exc:
-        raise refuse("u (usage)", f"not a usage record ({exc})") from None
+    usage = _usage(raw, refuse)
     texts = {key: raw.get(key) for key in ("e", "a", "t")}
     for key, value in texts.items():
         if value is not None and not isinstance(value, str):
@@ -404,9 +382,6 @@ def journal_entry(raw: dict[str, Any], state: RunState, *, path: str | os.PathLi
     return JournalEntry(candidate=number, index=index, split=split, outcome=outcome,
                         score=None if score is None else float(score), error=texts["e"], answer=texts["a"],
                         usage=usage, anchor=texts["t"], count=count)
-
-
-REPLY_KIND = "reply"  # the "k" of a journaled optimizer reply (an evaluation's entry has no "k")
 
 
 @dataclass(frozen=True)
@@ -424,53 +399,20 @@ def reply_entry(raw: dict[str, Any], state: RunState, *, path: str | os.PathLike
     """Check one journaled optimizer reply (``"k": "reply"``) against ``state``; anything wrong is a
     :class:`StateFileError` naming the file, the line, the step and the field."""
     step = raw.get("step")
-
-    def refuse(field: str, problem: str) -> StateFileError:
-        return StateFileError(
-            f"{path}, line {line}: optimizer reply of step {step!r}, field {field}: {problem}. The journal was changed "
-            f"outside dspy-opro: delete that line (or the whole file: those replies are asked for again) and compile "
-            "again.")
-
+    refuse = _refuser(path, line, f"optimizer reply of step {step!r}", "those replies are asked for again")
     asked = len(state.steps)  # the step being asked: the record holds every earlier one
-    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= asked:
+    if not _is_int(step) or not 0 <= step <= asked:
         raise refuse("step", f"the record has {asked} steps, so the step being asked is {asked}")
     replies = raw.get("r")
     if not isinstance(replies, list) or not replies or not all(isinstance(text, str) for text in replies):
         raise refuse("r (replies)", f"{_shown(replies)} is not a non-empty list of texts")
-    sample = raw.get("n")
-    candidates = state.config.get("num_candidates")
-    top = candidates if isinstance(candidates, int) and not isinstance(candidates, bool) else None
-    if (isinstance(sample, bool) or not isinstance(sample, int) or sample < 0
-            or (top is not None and sample + len(replies) > top)):
+    sample, top = raw.get("n"), state.config.get("num_candidates")
+    top = top if _is_int(top) else None
+    if not _is_int(sample) or sample < 0 or (top is not None and sample + len(replies) > top):
         limit = f" (samples 0 to {top - 1} with num_candidates={top})" if top is not None else ""
         raise refuse("n (sample)", f"{sample!r} is not the sample of {len(replies)} replies{limit}")
     meta_prompt_md5 = raw.get("d")
     if not isinstance(meta_prompt_md5, str) or not meta_prompt_md5:
         raise refuse("d (meta-prompt digest)", f"{meta_prompt_md5!r} is not a digest")
-    try:
-        usage = {str(model): ModelUsage.model_validate(value) for model, value in (raw.get("u") or {}).items()}
-    except (AttributeError, ValidationError) as exc:
-        raise refuse("u (usage)", f"not a usage record ({exc})") from None
-    return ReplyEntry(step=step, sample=sample, meta_prompt_md5=meta_prompt_md5, replies=replies, usage=usage)
-
-
-__all__ = [
-    "LOCK_FILE",
-    "OUTCOMES",
-    "PROGRESS_FILE",
-    "REPLY_KIND",
-    "STATE_FILE",
-    "LogDirLock",
-    "ProgressJournal",
-    "JournalEntry",
-    "ReplyEntry",
-    "check_fingerprint",
-    "check_record",
-    "check_log_dir_is_folder",
-    "check_log_dir_writable",
-    "journal_entry",
-    "load_state",
-    "lock_is_held",
-    "reply_entry",
-    "save_state",
-]
+    return ReplyEntry(step=step, sample=sample, meta_prompt_md5=meta_prompt_md5, replies=replies,
+                      usage=_usage(raw, refuse))

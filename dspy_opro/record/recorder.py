@@ -8,8 +8,8 @@
   is read again under the lock, checked against this compile's fingerprint, and the journal is replayed into it;
 * a run stopped by its budget continues when the budget now allows more, a finished run continues from its last
   step when ``num_steps`` grew, a failed or interrupted run continues where it was, and candidates an outage left
-  unscored (:func:`infrastructure_unscored`) are tried again, a finished run's too (its result is then selected
-  anew);
+  unscored (status ``unscored``, the one status infrastructure failures leave) are tried again, a finished run's too
+  (its result is then selected anew);
 * without a saved record, a new one is made.
 
 Every finished evaluation is journaled with what it cost and the run's count of evaluations (:meth:`journal`), and
@@ -26,35 +26,17 @@ import errno
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dspy_opro.errors import LogDirError, StateFileError, describe_exception
-from dspy_opro.record.files import (
-    PROGRESS_FILE,
-    REPLY_KIND,
-    STATE_FILE,
-    LogDirLock,
-    ProgressJournal,
-    ReplyEntry,
-    check_fingerprint,
-    check_log_dir_is_folder,
-    check_log_dir_writable,
-    journal_entry,
-    load_state,
-    reply_entry,
-    save_state,
-)
-from dspy_opro.record.state import (
-    Candidate,
-    CandidateStatus,
-    Fingerprint,
-    ModelUsage,
-    ReceivedReplies,
-    RunState,
-    budget_spent,
-    no_scores,
-    record_result,
-)
+from dspy_opro.record import files
+from dspy_opro.record.files import PROGRESS_FILE, STATE_FILE, save_state
+from dspy_opro.state import CandidateStatus, ReceivedReplies, budget_spent, no_scores, record_result
+
+if TYPE_CHECKING:
+    from dspy_opro.state import Candidate, Fingerprint, ModelUsage, RunState
 
 logger = logging.getLogger(__name__)
 
@@ -64,36 +46,20 @@ def meta_prompt_md5(meta_prompt: str) -> str:
     return hashlib.md5(meta_prompt.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def infrastructure_unscored(candidate: Candidate) -> bool:
-    """Whether infrastructure failures (an outage, a timeout) left ``candidate`` unscored: compiling again with
-    the same ``log_dir`` scores exactly these candidates, once the provider is back."""
-    return candidate.status == CandidateStatus.UNSCORED  # the one status infrastructure failures leave
-
-
 class RunRecorder:
-    """The run record's persistence for one compile (a no-op without ``log_dir``).
-
-    Args:
-        log_dir: The run's folder, or None.
-        num_steps: The run's steps (a finished run with fewer continues).
-        max_metric_calls: The evaluation budget (a run it stopped continues when it grew).
-        max_cost: The cost budget (likewise).
-    """
+    """The run record's persistence for one compile (a no-op without ``log_dir``, the run's folder)."""
 
     def __init__(self, log_dir: str | None, *, num_steps: int, max_metric_calls: int | None,
                  max_cost: float | None):
         self.num_steps, self.max_metric_calls, self.max_cost = num_steps, max_metric_calls, max_cost
         self.log_dir = log_dir
-        self._lock = LogDirLock(self.log_dir) if self.log_dir else None
-        self._journal = ProgressJournal(self.log_dir) if self.log_dir else None
+        self._lock = files.LogDirLock(log_dir) if log_dir else None
+        self._journal = files.ProgressJournal(log_dir) if log_dir else None
         # Replies journaled for a step the record does not hold yet: a snapshot taken before the step is recorded
         # (Ctrl-C or an error during its optimizer calls) keeps them in the journal it starts afresh.
         self._unrecorded_replies: list[tuple[int, dict[str, object]]] = []
-        if self.log_dir:
-            check_log_dir_is_folder(self.log_dir)
-
-    # ------------------------------------------------------------------------------------------------------------
-    # Opening
+        if log_dir:
+            files.check_log_dir_is_folder(log_dir)
 
     def open(self, fingerprint: Fingerprint) -> RunState | None:
         """The saved run record (checked, replayed, reopened as the settings allow), or None for a new run.
@@ -102,23 +68,22 @@ class RunRecorder:
         """
         if not self.log_dir:
             return None
-        saved = load_state(self.log_dir)
-        if (saved is not None and saved.selection is not None and not self._wants_more_steps(saved)
-                and not self._retries_outage(saved)):
+        saved = files.load_state(self.log_dir)
+        finished = saved is not None and saved.selection is not None and not self._wants_more_steps(saved)
+        if saved is not None and finished and not self._retries_outage(saved):
             # A finished run: its result needs no lock, so a read-only log_dir still returns it.
-            check_fingerprint(saved, fingerprint, self.log_dir)
+            files.check_fingerprint(saved, fingerprint, self.log_dir)
             if not self._budget_allows_more(saved):
                 self._lock = None
                 return saved
         try:
-            check_log_dir_writable(self.log_dir)
+            files.check_log_dir_writable(self.log_dir)
         except LogDirError:
-            if saved is None or saved.selection is None or self._wants_more_steps(saved) \
-                    or self._budget_allows_more(saved):
+            if saved is None or not finished or self._budget_allows_more(saved):
                 raise
             # A finished run with candidates an outage left unscored, in a folder that cannot be written: its
             # result as it is, rather than no result.
-            check_fingerprint(saved, fingerprint, self.log_dir)
+            files.check_fingerprint(saved, fingerprint, self.log_dir)
             logger.warning("The saved run has candidates an outage left unscored, but %s cannot be written; "
                            "returning its result without scoring them", self.log_dir)
             self._lock = None
@@ -126,10 +91,10 @@ class RunRecorder:
         assert self._lock is not None
         self._lock.acquire()
         try:
-            saved = load_state(self.log_dir)  # read again under the lock: another run may have just written it
+            saved = files.load_state(self.log_dir)  # read again under the lock: another run may have just written it
             if saved is None:
                 return None
-            check_fingerprint(saved, fingerprint, self.log_dir)
+            files.check_fingerprint(saved, fingerprint, self.log_dir)
             self._replay_journal(saved)
             logger.info("Resuming the OPRO run in %s: %d candidates, %d steps recorded", self.log_dir,
                         len(saved.candidates), len(saved.steps))
@@ -140,22 +105,29 @@ class RunRecorder:
             raise
 
     def _replay_journal(self, state: RunState) -> None:
-        """Apply evaluations that finished after the last snapshot of ``state.json``, with what they cost.
+        """Apply what finished after the last snapshot of ``state.json`` (the module docstring says how), once.
 
-        Every entry (:func:`~dspy_opro.record.files.journal_entry`, checked as it is read) counts once: its usage
-        and its evaluation are added, and its score goes onto the candidate with the same instruction digest,
-        whatever that candidate's saved status (a candidate reopened by a larger budget or after an outage is
-        scored again only where it has no score). An entry numbered at or below the snapshot's count of
-        evaluations is already in it (a crash between writing the snapshot and clearing the journal leaves such
-        entries); a score that contradicts the record is a :class:`StateFileError`.
+        A candidate reopened by a larger budget or after an outage takes a journaled score only where it has none;
+        an evaluation numbered at or below the snapshot's count of evaluations, a reply of a step the record holds
+        or of a sample already kept, is in the snapshot already (a crash between writing it and clearing the journal
+        leaves such lines). Replies to another meta-prompt than the kept ones (a later attempt at the step) replace
+        them; a score that contradicts the record is a :class:`StateFileError`.
         """
         assert self.log_dir is not None
         path = Path(self.log_dir) / PROGRESS_FILE
-        for line, raw in ProgressJournal.read_numbered(self.log_dir):
-            if raw.get("k") == REPLY_KIND:
-                self._replay_reply(reply_entry(raw, state, path=path, line=line), state)
+        for line, raw in files.ProgressJournal.read_numbered(self.log_dir):
+            if raw.get("k") == files.REPLY_KIND:
+                reply, kept = files.reply_entry(raw, state, path=path, line=line), state.received_replies
+                if reply.step < len(state.steps):
+                    continue  # the record holds its step
+                if kept is None or kept.step != reply.step or kept.meta_prompt_md5 != reply.meta_prompt_md5:
+                    kept = state.received_replies = ReceivedReplies(step=reply.step,
+                                                                    meta_prompt_md5=reply.meta_prompt_md5)
+                if reply.sample not in kept.replies:
+                    kept.replies.update({reply.sample + offset: text for offset, text in enumerate(reply.replies)})
+                    state.usage.record("optimizer", reply.usage)
                 continue
-            entry = journal_entry(raw, state, path=path, line=line)
+            entry = files.journal_entry(raw, state, path=path, line=line)
             if entry is None:
                 continue  # another instruction under this candidate's number: not this run's evaluation
             candidate = state.candidates[entry.candidate]
@@ -166,8 +138,8 @@ class RunRecorder:
                     f"{path}, line {line}: candidate {candidate.id}, field s (score) of {entry.split} example "
                     f"{entry.index} is {entry.score}, but {STATE_FILE} records {saved}. The journal does not belong "
                     f"to this record: delete {PROGRESS_FILE} (its evaluations are run again) and compile again.")
-            already = entry.count is not None and entry.count <= state.metric_calls
-            if already or (entry.count is None and saved is not None):
+            if (entry.count is not None and entry.count <= state.metric_calls) or (entry.count is None
+                                                                                   and saved is not None):
                 continue  # in the snapshot already
             if entry.split == "val" and candidate.val_scores is None:
                 candidate.val_scores = no_scores(state.val_size)
@@ -178,25 +150,6 @@ class RunRecorder:
                 state.anchors[f"{entry.split}:{entry.index}"] = entry.anchor
             state.usage.record("task", entry.usage)
             state.metric_calls = max(state.metric_calls + 1, entry.count or 0)
-
-    @staticmethod
-    def _replay_reply(entry: ReplyEntry, state: RunState) -> None:
-        """Keep a journaled optimizer reply for its step (``state.received_replies``) and count its usage, once.
-
-        A reply of a step the record holds, or of a sample already kept, is in the snapshot already (a crash
-        between writing the snapshot and clearing the journal leaves such entries). Replies to another meta-prompt
-        than the kept ones (a later attempt at the step) replace them.
-        """
-        if entry.step < len(state.steps):
-            return
-        kept = state.received_replies
-        if kept is None or kept.step != entry.step or kept.meta_prompt_md5 != entry.meta_prompt_md5:
-            kept = state.received_replies = ReceivedReplies(step=entry.step, meta_prompt_md5=entry.meta_prompt_md5)
-        if entry.sample in kept.replies:
-            return
-        for offset, text in enumerate(entry.replies):
-            kept.replies[entry.sample + offset] = text
-        state.usage.record("optimizer", entry.usage)
 
     def received_replies(self, state: RunState, step: int, meta_prompt: str) -> dict[int, str]:
         """The replies a killed run received for ``step``'s ``meta_prompt``, by sample (empty when none).
@@ -227,16 +180,15 @@ class RunRecorder:
     @staticmethod
     def _retries_outage(state: RunState) -> bool:
         """Whether a finished run is opened again to score the candidates an outage left unscored."""
-        return state.status == "finished" and any(infrastructure_unscored(c) for c in state.candidates)
+        return state.status == "finished" and any(c.status == CandidateStatus.UNSCORED for c in state.candidates)
 
     def _wants_more_steps(self, state: RunState) -> bool:
         return self.num_steps > len(state.steps) and state.status != "stopped"
 
     def _budget_allows_more(self, state: RunState) -> bool:
         """Whether a run its budget stopped continues now: the budget allows more than it had."""
-        if state.status != "stopped":
-            return False
-        return budget_spent(state, max_metric_calls=self.max_metric_calls, max_cost=self.max_cost) is None
+        return state.status == "stopped" and budget_spent(state, max_metric_calls=self.max_metric_calls,
+                                                          max_cost=self.max_cost) is None
 
     def _reopen(self, state: RunState) -> None:
         """Let a saved run continue where the settings now allow it."""
@@ -252,62 +204,54 @@ class RunRecorder:
             state.status, state.selection = "running", None
             state.config["num_steps"] = self.num_steps
         if state.selection is not None and self._retries_outage(state):
-            unscored = [c.id for c in state.candidates if infrastructure_unscored(c)]
             logger.info("The saved run finished with candidates %s unscored (infrastructure); they are scored again "
-                        "and the result selected anew", unscored)
+                        "and the result selected anew",
+                        [c.id for c in state.candidates if c.status == CandidateStatus.UNSCORED])
             state.status, state.stop_reason, state.selection = "running", None, None
         if state.status in ("failed", "interrupted") and state.selection is None:
             logger.info("The saved run was %s (%s); it continues", state.status, state.stop_reason)
             state.status, state.stop_reason = "running", None
         if state.selection is None:  # candidates an outage left unscored are tried again
             for candidate in state.candidates:
-                if infrastructure_unscored(candidate):
+                if candidate.status == CandidateStatus.UNSCORED:
                     candidate.status, candidate.reason = CandidateStatus.PENDING, None
-
-    # ------------------------------------------------------------------------------------------------------------
-    # Writing
 
     def journal(self, candidate: Candidate, *, index: int, split: str, outcome: str, score: float | None,
                 error: str | None, answer: str | None, usage: dict[str, ModelUsage], anchor: str | None,
                 count: int | None = None) -> None:
-        """Journal one finished evaluation: the candidate's instruction digest, the outcome and what it cost.
-
-        ``count`` is the run's count of evaluations with this one (``metric_calls``): on resume it tells the
-        entries a snapshot already holds from the ones it does not.
-        """
-        if self._journal is None:
-            return
+        """Journal one finished evaluation: the candidate's instruction digest, the outcome and what it cost, and
+        ``count``, the run's count of evaluations with it (on resume it tells the entries a snapshot holds)."""
         entry: dict[str, object] = {
             "c": candidate.id, "d": candidate.md5, "i": index, "o": outcome, "s": score, "e": error, "a": answer,
             "split": split, "u": {model: value.model_dump() for model, value in usage.items()}}
-        if count is not None:
-            entry["m"] = count
-        if anchor is not None:
-            entry["t"] = anchor
-        try:
-            self._journal.append(entry)
-        except OSError as exc:  # a full disk: the run stops, and end() saves state.json if it still can
-            raise self._write_error(exc) from exc
+        self._append(entry | {key: value for key, value in (("m", count), ("t", anchor)) if value is not None})
 
-    def reply_log(self, step: int, meta_prompt: str) -> StepReplyJournal | None:
-        """What journals ``step``'s optimizer replies as they arrive (None without a ``log_dir``)."""
+    def reply_log(self, step: int, meta_prompt: str) -> Callable[[int, list[str], dict[str, ModelUsage]], None] | None:
+        """What journals ``step``'s optimizer replies as each request returns: ``(sample, replies, usage)`` (None
+        without a ``log_dir``)."""
         if self._journal is None:
             return None
-        return StepReplyJournal(self, step=step, meta_prompt_md5=meta_prompt_md5(meta_prompt))
+        md5 = meta_prompt_md5(meta_prompt)
+        return lambda sample, replies, usage: self.journal_replies(step=step, sample=sample, meta_prompt_md5=md5,
+                                                                   replies=replies, usage=usage)
 
     def journal_replies(self, *, step: int, sample: int, meta_prompt_md5: str, replies: list[str],
                         usage: dict[str, ModelUsage]) -> None:
         """Journal one optimizer request's replies (its choices, from ``sample`` on) with what the request cost."""
+        entry: dict[str, object] = {"k": files.REPLY_KIND, "step": step, "n": sample, "d": meta_prompt_md5,
+                                    "r": replies, "u": {model: value.model_dump() for model, value in usage.items()}}
+        if self._append(entry):
+            self._unrecorded_replies.append((step, entry))
+
+    def _append(self, entry: dict[str, object]) -> bool:
+        """Append a journal line (False without a ``log_dir``); a full disk stops the run, which :meth:`end` saves."""
         if self._journal is None:
-            return
-        entry: dict[str, object] = {
-            "k": REPLY_KIND, "step": step, "n": sample, "d": meta_prompt_md5, "r": replies,
-            "u": {model: value.model_dump() for model, value in usage.items()}}
+            return False
         try:
             self._journal.append(entry)
-        except OSError as exc:  # a full disk: the run stops, and end() saves state.json if it still can
+        except OSError as exc:
             raise self._write_error(exc) from exc
-        self._unrecorded_replies.append((step, entry))
+        return True
 
     def save_first(self, state: RunState) -> None:
         """The first snapshot, before anything is paid for: the journal entries of step -1 need it."""
@@ -332,29 +276,28 @@ class RunRecorder:
         except OSError as exc:  # the previous state.json is intact: the write goes to a temporary file first
             raise self._write_error(exc) from exc
         if final:
-            try:
-                from dspy_opro.record.report import write_run_report  # matplotlib, when drawn, only here
-
-                write_run_report(state, self.log_dir)
-            except Exception as exc:  # a report must never cost the run
-                logger.warning("Could not write the run report: %s", exc)
+            self._report(lambda report: report.write_run_report(state, self.log_dir), "the run report")
 
     def _write_error(self, exc: OSError) -> LogDirError:
-        full = exc.errno == errno.ENOSPC
         return LogDirError(
             f"cannot write the run record to {self.log_dir!r}: {exc.strerror or exc}. What was saved before is kept; "
-            f"{'free disk space' if full else 'fix the folder'} and compile again with the same log_dir to resume.")
+            f"{'free disk space' if exc.errno == errno.ENOSPC else 'fix the folder'} and compile again with the same "
+            "log_dir to resume.")
 
     def write_step_report(self, state: RunState, step: int) -> None:
         """``steps/NNN/``: the exact meta-prompt, the replies and the step's report."""
-        if not self.log_dir:
-            return
-        try:
-            from dspy_opro.record.report import write_step_files
+        if self.log_dir:
+            self._report(lambda report: report.write_step_files(state, step, self.log_dir),
+                         f"the report of step {step}")
 
-            write_step_files(state, step, self.log_dir)
+    @staticmethod
+    def _report(write: Callable[..., object], what: str) -> None:
+        try:
+            from dspy_opro.record import report  # matplotlib, when drawn, only here
+
+            write(report)
         except Exception as exc:  # a report must never cost the run
-            logger.warning("Could not write the report of step %d: %s", step, exc)
+            logger.warning("Could not write %s: %s", what, exc)
 
     def end(self, state: RunState, exc: BaseException) -> None:
         """Mark the record ``interrupted`` or ``failed``, save it with ``report.md``, and say how to resume."""
@@ -383,23 +326,3 @@ class RunRecorder:
             self._journal.close()
         if self._lock is not None:
             self._lock.release()
-
-
-class StepReplyJournal:
-    """Journals one step's optimizer replies as they arrive (the ``reply_log`` that ``propose`` takes).
-
-    Args:
-        recorder: The run's recorder.
-        step: The step being asked.
-        meta_prompt_md5: The digest of its meta-prompt (:func:`meta_prompt_md5`).
-    """
-
-    def __init__(self, recorder: RunRecorder, *, step: int, meta_prompt_md5: str):
-        self.recorder, self.step, self.meta_prompt_md5 = recorder, step, meta_prompt_md5
-
-    def record(self, sample: int, replies: list[str], usage: dict[str, ModelUsage]) -> None:
-        self.recorder.journal_replies(step=self.step, sample=sample, meta_prompt_md5=self.meta_prompt_md5,
-                                      replies=replies, usage=usage)
-
-
-__all__ = ["RunRecorder", "StepReplyJournal", "infrastructure_unscored", "meta_prompt_md5"]

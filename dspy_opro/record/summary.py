@@ -12,12 +12,15 @@ wherever it goes, as GEPA's ``detailed_results`` does.
 
 from __future__ import annotations
 
+import copy
 import os
+from collections.abc import Callable
 from typing import Any
 
+import dspy
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from dspy_opro.record.state import RunState
+from dspy_opro.state import Candidate, RunState, ranked_candidates
 
 
 class OPRORunSummary(BaseModel):
@@ -61,12 +64,18 @@ def summarize(state: RunState, log_dir: str | None) -> OPRORunSummary:
 
 
 class AttachedRunState(RunState):
-    """The run record as a returned program carries it: whole in memory, its :class:`OPRORunSummary` when pickled."""
+    """The run record as a returned program carries it: whole in memory and in a deep copy, its
+    :class:`OPRORunSummary` when pickled."""
 
     _log_dir: str | None = PrivateAttr(default=None)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _summary_from_dict, (summarize(self, self._log_dir).model_dump(),)
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> AttachedRunState:
+        # Field by field: pydantic's model_copy(deep=True) would call copy.deepcopy on this very object again.
+        fields = {name: copy.deepcopy(getattr(self, name), memo) for name in RunState.model_fields}
+        return attach(RunState.model_construct(_fields_set=set(self.model_fields_set), **fields), self._log_dir)
 
 
 def attach(state: RunState, log_dir: str | None) -> AttachedRunState:
@@ -78,14 +87,31 @@ def attach(state: RunState, log_dir: str | None) -> AttachedRunState:
 
 
 class CandidateList(list):  # type: ignore[type-arg]
-    """``candidate_programs`` as a returned program carries it: pickled without the programs themselves."""
+    """``candidate_programs`` as a returned program carries it: whole in memory and in a deep copy, pickled without
+    the programs themselves."""
 
     def __reduce__(self) -> tuple[Any, ...]:
         return list, ([{key: value for key, value in entry.items() if key != "program"} for entry in self],)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CandidateList:
+        return CandidateList(copy.deepcopy(list(self), memo))
 
 
 def _summary_from_dict(data: dict[str, Any]) -> OPRORunSummary:
     return OPRORunSummary(**data)
 
 
-__all__ = ["AttachedRunState", "CandidateList", "OPRORunSummary", "attach", "summarize"]
+def attach_result(state: RunState, program_of: Callable[[Candidate], dspy.Module], *, log_dir: str | None,
+                  track_stats: bool) -> dspy.Module:
+    """The program of the selected candidate, carrying ``candidate_programs`` (every scored candidate, best first)
+    and ``opro_run`` (the record; as an :class:`AttachedRunState` unless ``track_stats``, which carries it whole
+    wherever it goes)."""
+    assert state.selection is not None
+    program = program_of(state.candidates[state.selection.candidate_id])
+    candidates = [{"score": c.score, "program": program_of(c), "instructions": dict(c.instructions), "step": c.step,
+                   "val_score": c.val_score} for c in ranked_candidates(state.candidates)]
+    # Not marked compiled (``_compiled``), as COPRO and MIPROv2 leave theirs: BootstrapFewShot and other optimizers
+    # refuse a compiled student, and stacking them on OPRO's instructions is the common recipe.
+    program.candidate_programs = candidates if track_stats else CandidateList(candidates)  # type: ignore[attr-defined]
+    program.opro_run = state if track_stats else attach(state, log_dir)  # type: ignore[attr-defined]
+    return program

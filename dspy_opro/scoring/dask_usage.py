@@ -2,7 +2,7 @@
 
 An evaluation's usage normally travels back inside its result (:class:`~dspy_opro.scoring.evaluation.ExampleResult`).
 On a Dask cluster a result can be lost after the provider billed its LM calls: the worker dies mid-evaluation (Dask
-reruns the task, or reports ``KilledWorker`` and the evaluator resubmits it), or it dies after finishing and Dask
+reruns the task, or reports ``KilledWorker`` and the runner resubmits it), or it dies after finishing and Dask
 computes the task again because the result was held in the dead worker's memory. The result that finally comes
 back carries only its own attempt's usage.
 
@@ -11,8 +11,8 @@ a job tagged with a :class:`UsageChannel`, an :class:`AttemptReporter` (an id ma
 attempt's usage so far to the scheduler after every LM call it captured, with ``Client.log_event``: a synchronous
 round trip, so the event is at the scheduler before the program goes on to its next step (``Worker.log_event``
 only queues the message on a batched stream, which a crash loses). The event carries the attempt's running total
-(a snapshot of its :class:`~dspy_opro.scoring.usage.UsageCapture`), numbered, so the last one received is the
-attempt's whole usage, whatever the order its threads' messages arrive in.
+(a snapshot of the job's copy of the run's :class:`~dspy_opro.scoring.usage.UsageMeter`), numbered, so the last one
+received is the attempt's whole usage, whatever the order its threads' messages arrive in.
 
 In the run's process, the :class:`UsageLedger` is subscribed to the run's topic: the scheduler pushes each event on
 the same stream that later reports the task finished or failed, so when a job's future is done every event its
@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from dspy_opro.record.state import ModelUsage
+from dspy_opro.state import ModelUsage
 
 logger = logging.getLogger(__name__)
 
@@ -197,12 +197,4 @@ class UsageLedger:
             logger.debug("Could not unsubscribe from %s: %s", self.topic, exc)
 
 
-def add_usage(usage: dict[str, ModelUsage], extra: dict[str, ModelUsage]) -> dict[str, ModelUsage]:
-    """``usage`` with ``extra`` added, per model (new objects; neither argument changes)."""
-    total = {model: entry.model_copy() for model, entry in usage.items()}
-    for model, entry in extra.items():
-        total.setdefault(model, ModelUsage()).add(entry)
-    return total
-
-
-__all__ = ["AttemptReporter", "UsageChannel", "UsageLedger", "add_usage", "dask_client", "submit_to_dask"]
+__all__ = ["AttemptReporter", "UsageChannel", "UsageLedger", "dask_client", "submit_to_dask"]

@@ -1,9 +1,9 @@
 """One evaluation: run a program on one example, score it with the metric, and say what happened.
 
-One evaluation is one program run on one example followed by the metric. It runs in a worker (a thread of the
-optimizer's pool or any ``concurrent.futures.Executor``, a Dask cluster included) with the caller's DSPy context (task
-LM, adapter) and a usage capture of its own (:mod:`dspy_opro.scoring.usage`), so usage is exact under any number of
-threads. :func:`run_example` never raises; its outcome says what went wrong (:mod:`dspy_opro.errors` classifies):
+One evaluation is one program run on one example followed by the metric. It runs on a worker thread of the run (or on
+any ``concurrent.futures.Executor``, a Dask cluster included) in the DSPy context the run hands it (task LM, adapter),
+with an :class:`~dspy_opro.scoring.usage.EvaluationTracker` for LMs the run's usage meter does not know of.
+:func:`run_example` never raises; its outcome says what went wrong (:mod:`dspy_opro.errors` classifies):
 
 * ``ok``: the program answered and the metric scored it (a wrong answer scores 0);
 * ``failed``: the program raised something that is not an infrastructure problem (for example the model's output
@@ -11,14 +11,14 @@ threads. :func:`run_example` never raises; its outcome says what went wrong (:mo
 * ``infra``: an LM transport or provider failure (rate limit, server error, timeout, connection), or a worker that
   died; retried once, then the example has no score and its candidate is recorded ``unscored``;
 * ``fatal``: authentication, billing or configuration errors; the run stops;
-* ``metric_error``: the metric raised or returned None, NaN or a value outside [0, 1]; it scores ``failure_score``,
-  and the run stops once more than ``max_errors`` such errors (and program errors) came, naming the example;
+* ``metric_error``: the metric raised or returned None, NaN, a string or a value outside [0, 1]; it scores
+  ``failure_score``, and is counted against ``max_errors`` as a program error is;
 * ``not_a_prediction``: the program returned None or something else than a ``dspy.Prediction``: a bug of the
   program's ``forward`` (a missing ``return``), which no instruction can fix; the run stops.
 
 ``counted`` marks the errors ``max_errors`` counts: the metric's, and the program's own exceptions except an answer
-the task model formatted so that DSPy could not parse it (that is the instruction's doing, part of what OPRO
-scores) or a prompt too long for the model.
+the task model formatted so that DSPy could not parse it (that is the instruction's doing, part of what OPRO scores)
+or a prompt too long for the model.
 """
 
 from __future__ import annotations
@@ -28,17 +28,19 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import dspy
 
-from dspy_opro.compat import AdapterParseError, ContextWindowExceededError
+from dspy_opro.compat import is_adapter_parse_error, lm_error_kind
 from dspy_opro.errors import EmptyResponseError, classify_exception, clean_text, describe_exception
-from dspy_opro.record.state import ModelUsage
 from dspy_opro.scoring.dask_usage import AttemptReporter, UsageChannel
-from dspy_opro.scoring.usage import UsageCapture
-from dspy_opro.selection import SelectionPolicy
+from dspy_opro.scoring.usage import EvaluationTracker, UsageMeter, add_usage
+from dspy_opro.state import ModelUsage
 from dspy_opro.task.data import NO_REFERENCE_NOTE, render_fields
+
+if TYPE_CHECKING:
+    from dspy_opro.core.selection import SelectionPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +113,8 @@ def coerce_score(value: Any) -> float:
         return 1.0 if value else 0.0
     if value is None:
         raise ValueError("the metric returned None")
+    if isinstance(value, (str, bytes)):  # float("1.0") would take it: a metric returns a number
+        raise ValueError(f"the metric returned the string {value!r}, not a number")
     try:
         score = float(value)
     except (TypeError, ValueError):
@@ -139,11 +143,11 @@ def describe_value(value: Any, limit: int = 80) -> str:
 def counts_as_error(exc: BaseException) -> bool:
     """Whether ``max_errors`` counts a program exception: not when the model's answer could not be parsed or the
     prompt did not fit (both follow from the instruction, and OPRO scores them ``failure_score``)."""
-    return not isinstance(exc, AdapterParseError | ContextWindowExceededError)
+    return not is_adapter_parse_error(exc) and lm_error_kind(exc) != "context_window"
 
 
 def exemplar_answer(prediction: Any, score: float | None, feedback: str | None, label_keys: list[str]) -> str:
-    """The answer shown for an example without usable labels (see :mod:`dspy_opro.proposing.exemplars`).
+    """The answer shown for an example without usable labels (see :mod:`dspy_opro.core.exemplars`).
 
     The program's output counts when the metric judged it fully right: its fields named like the example's labels,
     or, when none is, all of its fields but a ReAct trajectory.
@@ -180,6 +184,7 @@ class ExampleJob:
     metric_takes_trace: bool = True  # call metric(example, prediction, trace); else metric(example, prediction)
     judge_failures: bool = False  # label-free: a run the program failed goes to the metric (the judge) as well
     usage_channel: UsageChannel | None = None  # on a Dask cluster: where each attempt reports its usage as it is paid
+    meter: UsageMeter | None = None  # the run's meter; a copy of it when the job was sent to another process
 
 
 @dataclass
@@ -201,46 +206,48 @@ class ExampleResult:
     attempt: str | None = None  # the id of the Dask attempt that made this result (its usage is in ``usage``)
 
 
-# How long a failed evaluation waits for LM calls its program started on other threads and left running: they
-# are paid for, so their usage must be counted (DSPy's parallel executor can raise with its workers still busy).
-SETTLE_SECONDS = 30.0
-
-
 def run_example(job: ExampleJob, *, transport_retries: int = 1) -> ExampleResult:
     """Run the program on one example and score it; never raises (the outcome says what happened).
 
     The program's exceptions are classified by :func:`dspy_opro.errors.classify_exception`. So are the metric's: an
     LM error inside the metric (an LLM judge) is retried once when transient and stops the run when fatal, like the
-    program's; any other exception of the metric is a ``metric_error``. On a Dask worker, a job tagged with a usage
-    channel reports its usage after every LM call (:mod:`dspy_opro.scoring.dask_usage`), and the result names its
-    attempt.
+    program's; any other exception of the metric is a ``metric_error``. The result's ``usage`` holds the calls of LMs
+    the run's meter does not know of; in another process (a job sent to a Dask worker, with a copy of the meter in
+    its LMs), every call it made, and each LM call is reported to the scheduler as it is paid.
     """
-    capture = UsageCapture()
-    reporter = AttemptReporter.on_this_worker(job.usage_channel, capture.result)
-    if reporter is None:
-        return _run_example(job, capture, transport_retries)
-    capture.on_call = reporter.report
-    result = _run_example(job, capture, transport_retries)
-    result.attempt = reporter.attempt
+    tracker = EvaluationTracker()
+    remote = job.meter is not None and job.meter.copied
+    reporter = AttemptReporter.on_this_worker(job.usage_channel, lambda: _usage(job, tracker, remote)) if remote \
+        else None
+    if reporter is not None and job.meter is not None:
+        job.meter.on_call = reporter.report
+    result = _run_example(job, tracker, transport_retries)
+    result.usage = _usage(job, tracker, remote)
+    result.attempt = reporter.attempt if reporter is not None else None
     return result
 
 
-def _run_example(job: ExampleJob, capture: UsageCapture, transport_retries: int) -> ExampleResult:
+def _usage(job: ExampleJob, tracker: EvaluationTracker, remote: bool) -> dict[str, ModelUsage]:
+    usage = tracker.usage()
+    return add_usage(usage, job.meter.total()) if remote and job.meter is not None else usage
+
+
+def _run_example(job: ExampleJob, tracker: EvaluationTracker, transport_retries: int) -> ExampleResult:
     prediction: Any = None
     trace: list[Any] = []
     program_error: str | None = None
+    settings = {**job.settings, "usage_tracker": tracker}
     attempts = 0
     while True:
         attempts += 1
         trace = []
         try:
-            with capture.active(trace=trace, **job.settings):
+            with dspy.context(trace=trace, **settings):
                 prediction = job.program(**job.example.inputs())
             if isinstance(prediction, dspy.Prediction) and not list(prediction.keys()):
                 raise EmptyResponseError("the model returned no choices, so the program produced no outputs")
             break
         except Exception as exc:  # the program's own failure, classified below
-            capture.count_unreadable_reply(exc, _failed_model(job, exc))
             kind = classify_exception(exc)
             if kind == "infra" and attempts <= transport_retries:
                 logger.debug("Retrying example %d after %s", job.index, describe_exception(exc))
@@ -252,21 +259,20 @@ def _run_example(job: ExampleJob, capture: UsageCapture, transport_retries: int)
             score = job.failure_score if kind == "failed" else None
             answer = NO_REFERENCE_NOTE if job.answer_fields is not None else None
             return ExampleResult(job.candidate_id, job.index, kind, score=score, error=describe_exception(exc),
-                                 answer=answer, usage=capture.result(settle=SETTLE_SECONDS), split=job.split,
+                                 answer=answer, split=job.split, model=getattr(exc, "model", None),
                                  trace=trace if job.keep_trace and job.metric is None else None,
-                                 model=getattr(exc, "model", None),
                                  counted=kind == "failed" and counts_as_error(exc))
     if program_error is None and not isinstance(prediction, dspy.Prediction):
         return ExampleResult(job.candidate_id, job.index, "not_a_prediction",
-                             error=f"returned {describe_value(prediction)}", usage=capture.result(), split=job.split)
+                             error=f"returned {describe_value(prediction)}", split=job.split)
     if job.metric is None:
-        return ExampleResult(job.candidate_id, job.index, "ok", usage=capture.result(), split=job.split,
-                             prediction=prediction, trace=trace if job.keep_trace else None)
+        return ExampleResult(job.candidate_id, job.index, "ok", split=job.split, prediction=prediction,
+                             trace=trace if job.keep_trace else None)
     attempts = 0
     while True:
         attempts += 1
         try:
-            with capture.active(**job.settings):
+            with dspy.context(**settings):
                 if job.metric_takes_trace:
                     value = job.metric(job.example, prediction, trace if job.keep_trace else None)
                 else:
@@ -274,7 +280,6 @@ def _run_example(job: ExampleJob, capture: UsageCapture, transport_retries: int)
             score = coerce_score(value)
             break
         except Exception as exc:
-            capture.count_unreadable_reply(exc, _failed_model(job, exc))
             kind = classify_exception(exc)
             if kind == "infra" and attempts <= transport_retries:
                 logger.debug("Retrying the metric on example %d after %s", job.index, describe_exception(exc))
@@ -282,17 +287,16 @@ def _run_example(job: ExampleJob, capture: UsageCapture, transport_retries: int)
             outcome: Outcome = kind if kind in ("infra", "fatal") else "metric_error"
             # A tolerated metric error scores failure_score, so that its candidate is complete (max_errors).
             return ExampleResult(job.candidate_id, job.index, outcome, error=describe_exception(exc),
-                                 score=job.failure_score if outcome == "metric_error" else None,
-                                 usage=capture.result(settle=SETTLE_SECONDS), split=job.split, stage="metric",
-                                 model=getattr(exc, "model", None), counted=outcome == "metric_error")
+                                 score=job.failure_score if outcome == "metric_error" else None, split=job.split,
+                                 stage="metric", model=getattr(exc, "model", None), prediction=prediction,
+                                 counted=outcome == "metric_error")
     answer = None
     if job.answer_fields is not None:
         shown = None if program_error else prediction
         answer = clean_text(exemplar_answer(shown, score, metric_feedback(value), job.answer_fields))
     anchor = getattr(value, "anchor", None)
     return ExampleResult(job.candidate_id, job.index, "failed" if program_error else "ok", score=score,
-                         error=program_error, answer=answer,
-                         usage=capture.result(settle=SETTLE_SECONDS if program_error else 0.0), split=job.split,
+                         error=program_error, answer=answer, split=job.split, prediction=prediction,
                          anchor=anchor if isinstance(anchor, str) else None)
 
 
@@ -307,7 +311,6 @@ def _failed_model(job: ExampleJob, exc: BaseException) -> str | None:
 
 
 __all__ = [
-    "SETTLE_SECONDS",
     "AnchoredMetric",
     "ExampleJob",
     "ExampleResult",

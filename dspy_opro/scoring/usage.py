@@ -1,169 +1,58 @@
-"""Tokens and cost of LM calls, per model, exact under any threading.
+"""Tokens and cost of a run's LM calls, counted where each call happens, on whatever thread makes it.
 
-:class:`UsageCapture` records what the code run inside :meth:`UsageCapture.active` paid for: one evaluation (the
-program and its metric) or one optimizer call. It works through DSPy's own hooks, so it also sees calls made on
-other threads by the program itself:
+:class:`UsageMeter` is a DSPy callback (``BaseCallback``) placed in the ``callbacks`` of the run's own LM objects
+(``dspy.LM(..., callbacks=[...])``, public API): the task model, the optimizer model, the label-free judge and the
+LM of any predictor that has its own. DSPy calls an LM's callbacks around every call of that LM, on the thread that
+makes it, so a program's calls on threads it starts itself (``dspy.Parallel``, a ``ThreadPoolExecutor``, a bare
+``threading.Thread`` using the LM of ``dspy.configure``) are seen like the run's own. Around each call the meter puts
+a one-call usage tracker in the call's DSPy context (``dspy.context(usage_tracker=...)``), where DSPy adds what the
+provider reported as billed (a cache hit adds nothing; DSPy 3.4 also adds the usage of an attempt that failed), so
+the meter learns each call's tokens from DSPy itself; the cost is those tokens at the prices of the LiteLLM price map
+DSPy ships (cached prompt tokens at the cached price), read without importing LiteLLM. A model without a price, or a
+billed reply without ``usage``, makes the cost "unknown" (``unpriced_calls``) rather than $0. A 200 reply whose body
+is not UTF-8 or not JSON reaches DSPy as a server error with the body in its exception:
+:func:`unreadable_reply_usage` reads the ``usage`` from it, so its tokens count too.
 
-* the usage tracker is DSPy's (``dspy.context(usage_tracker=...)``); DSPy's ``ParallelExecutor`` (behind
-  ``dspy.Parallel`` and ``Module.batch``) deep-copies the tracker into each worker thread and drops the copy, which
-  loses every token spent there. Our tracker's deep copy is the tracker itself, behind a lock, so workers add to it;
-* the cost of a call is the one DSPy records in the LM history entry of that call (LiteLLM's own per-response cost,
-  cached-token discounts included, or DSPy's estimate for its native clients). A history sink placed in DSPy's
-  ``caller_modules`` receives those entries; an entry counts when its ``usage`` is one the tracker was given (cache
-  hits are not). The same entries count the calls, cache hits included. A paid call without such a cost is priced
-  by its tokens from the LiteLLM price map DSPy ships (without importing LiteLLM); a model without a price counts in
-  ``unpriced_calls`` and its cost is reported as unknown;
-* only a program that fans out to threads of its own gets a DSPy callback, which tells a failed program's LM calls
-  still in flight (see :class:`UsageCapture`);
-* a 200 reply whose body is not UTF-8, or is not JSON as a whole, reaches DSPy as a server error, but the body
-  travels in the exception's ``UnicodeDecodeError`` or ``JSONDecodeError``: :meth:`UsageCapture.count_unreadable_reply`
-  reads the ``usage`` object from it, so its tokens count. A body cut short before its ``usage`` shows the client
-  no usage, and LiteLLM's own retries inside one LM call are not seen either: neither is counted.
+An LM the run does not know of (one a metric builds for an LLM judge) is counted by an :class:`EvaluationTracker`
+put in each evaluation's context: DSPy adds its calls there, and only there, since a metered call's own tracker
+takes the place of the evaluation's while it runs. Calls of such an LM on threads the metric or program start
+themselves are not seen.
 
-:func:`roll_up` adds a run's usage to the caller's ``dspy.track_usage()`` tracker.
+The run reads the meter with :meth:`UsageMeter.take` (what was billed since the last read, per model) each time it
+journals an evaluation or an optimizer reply, so the journal holds every call once. :func:`roll_up` adds a run's
+usage to the caller's ``dspy.track_usage()``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import logging
 import re
 import threading
-from collections.abc import Callable
+import weakref
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import dspy
 
-from dspy_opro.compat import BaseCallback, UsageTracker, price_map_entry
-from dspy_opro.record.state import ModelUsage
+from dspy_opro.compat import BaseCallback, price_map_entry
+from dspy_opro.state import ModelUsage
 
-logger = logging.getLogger(__name__)
-
-
-class _SharedTracker(UsageTracker):
-    """DSPy's usage tracker, thread-safe, shared (not copied) with the worker threads of DSPy's parallel executor.
-
-    It keeps each usage dict it is given (DSPy skips the tracker on cache hits), so the history sink can tell a
-    paid call's history entry by identity. DSPy's ``ParallelExecutor`` deep-copies the tracker in every worker task
-    it starts, before the task's first LM call: ``on_fork`` hears of it then.
-    """
-
-    def __init__(self, on_fork: Callable[[], None] | None = None) -> None:
-        super().__init__()
-        self._lock = threading.Lock()
-        self._on_fork = on_fork
-        self.paid: dict[str, list[dict[str, Any]]] = {}
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _SharedTracker:
-        if self._on_fork is not None:
-            self._on_fork()
-        return self  # DSPy's ParallelExecutor copies the tracker per thread and drops the copy: share it instead
-
-    def add_usage(self, lm: str, usage_entry: dict[str, Any]) -> None:
-        with self._lock:
-            super().add_usage(lm, usage_entry)
-            self.paid.setdefault(lm, []).append(usage_entry)
-
-    def is_paid(self, usage_entry: Any) -> bool:
-        with self._lock:
-            return any(entry is usage_entry for entries in self.paid.values() for entry in entries)
-
-    def get_total_tokens(self) -> dict[str, dict[str, Any]]:
-        with self._lock:
-            return super().get_total_tokens()
-
-
-class _HistorySink:
-    """Stands in DSPy's ``caller_modules`` to receive the history entry of every LM call: calls and their costs.
-
-    DSPy records a history entry for every LM call that returned, cache hits included, and hands it to every module
-    in ``caller_modules`` (unless history is disabled), on whichever thread the call ran.
-    """
-
-    class _Entries(list):
-        def __init__(self, sink: _HistorySink) -> None:
-            super().__init__()
-            self._sink = sink
-
-        def append(self, entry: Any) -> None:  # nothing is stored: DSPy's history size limit never applies
-            self._sink.receive(entry)
-
-    def __init__(self, tracker: _SharedTracker, after: Callable[[], None] | None = None) -> None:
-        self._tracker = tracker
-        self._after = after  # called once a call is counted, on the thread that made it
-        self._lock = threading.Lock()
-        self.costs: dict[int, float] = {}  # id of a paid usage dict -> the cost of its call
-        self.calls: dict[str, int] = {}  # model -> LM calls that returned (cache hits included)
-        self.history = self._Entries(self)
-
-    def receive(self, entry: Any) -> None:
-        if not isinstance(entry, dict):
-            return
-        model = entry.get("model")
-        usage, cost = entry.get("usage"), entry.get("cost")
-        paid = isinstance(cost, (int, float)) and bool(usage) and self._tracker.is_paid(usage)
-        with self._lock:
-            if isinstance(model, str):
-                self.calls[model] = self.calls.get(model, 0) + 1
-            if paid and isinstance(cost, (int, float)):
-                self.costs[id(usage)] = float(cost)
-        if self._after is not None:
-            self._after()
-
-
-class LMCallCounter(BaseCallback):
-    """Counts LM calls: started (retries included), finished without error per model (cache hits included), and
-    the calls still in flight.
-
-    Thread-safe: DSPy hands the same callbacks to every thread a program fans out to.
-    """
-
-    def __init__(self, after: Callable[[], None] | None = None) -> None:
-        self._idle = threading.Condition()
-        self._after = after  # called once a call ended, on the thread that made it
-        self._models: dict[str, str] = {}  # calls in flight: call id -> model
-        self.started = 0
-        self.calls: dict[str, int] = {}
-
-    def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
-        with self._idle:
-            self.started += 1
-            self._models[call_id] = getattr(instance, "model", "unknown")
-
-    def on_lm_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
-        with self._idle:
-            model = self._models.pop(call_id, "unknown")
-            if exception is None:
-                self.calls[model] = self.calls.get(model, 0) + 1
-            if not self._models:
-                self._idle.notify_all()
-        if self._after is not None:
-            self._after()
-
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait until no call is in flight (at most ``timeout`` seconds); whether that happened."""
-        with self._idle:
-            return self._idle.wait_for(lambda: not self._models, timeout=timeout)
-
-
-_PRICES: dict[str, tuple[float, float] | None] = {}
+_PRICES: dict[str, tuple[float, float, float] | None] = {}
 _PRICES_LOCK = threading.Lock()
 
 
-def token_prices(model: str) -> tuple[float, float] | None:
-    """USD per prompt and per completion token from the LiteLLM price map DSPy ships, or None without a price.
-
-    The map is DSPy's copy (``dspy.clients.model_metadata``, the one DSPy prices its own calls from), so pricing a
-    model never imports LiteLLM: a run whose models are custom engines or ``DummyLM`` does not load it.
-    """
+def token_prices(model: str) -> tuple[float, float, float] | None:
+    """USD per prompt, completion and cached prompt token from the LiteLLM price map DSPy ships, or None."""
     if model in _PRICES:  # written once per model, under the lock; a dict read needs none
         return _PRICES[model]
     try:
         entry = price_map_entry(model)
         prompt, completion = entry.get("input_cost_per_token"), entry.get("output_cost_per_token")
-        price: tuple[float, float] | None = None
+        cached = entry.get("cache_read_input_token_cost", prompt)
+        price = None
         if isinstance(prompt, (int, float)) and isinstance(completion, (int, float)) and (prompt or completion):
-            price = (float(prompt), float(completion))
+            price = (float(prompt), float(completion), float(cached if isinstance(cached, (int, float)) else prompt))
     except Exception:
         price = None
     with _PRICES_LOCK:
@@ -171,130 +60,186 @@ def token_prices(model: str) -> tuple[float, float] | None:
     return price
 
 
-def _tokens(entry: dict[str, Any], key: str) -> int:
+def _count(entry: dict[str, Any], key: str) -> int:
     value = entry.get(key)
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 
-def _history_reaches_callers() -> bool:
-    """Whether DSPy hands every LM call's history entry to the modules in ``caller_modules`` (it does by default)."""
-    return not dspy.settings.get("disable_history") and dspy.settings.get("max_history_size") != 0
+def usage_of(model: str, entries: Iterable[dict[str, Any]], *, calls: int, cache_hits: int = 0) -> ModelUsage:
+    """The usage of ``calls`` LM calls of ``model`` whose billed usage DSPy reported as ``entries``, priced."""
+    usage = ModelUsage(calls=calls, cache_hits=cache_hits)
+    unreported = 0
+    for entry in entries:
+        details = entry.get("prompt_tokens_details")  # a dict, or LiteLLM's object before DSPy 3.3
+        prompt, completion = _count(entry, "prompt_tokens"), _count(entry, "completion_tokens")
+        cached = _count(details, "cached_tokens") if isinstance(details, dict) else \
+            _count({"cached_tokens": getattr(details, "cached_tokens", None)}, "cached_tokens")
+        unreported += not (prompt or completion)
+        usage.prompt_tokens += prompt
+        usage.completion_tokens += completion
+        usage.cached_tokens += cached
+        price = token_prices(model) if prompt or completion else None
+        if price is not None:
+            usage.cost += (prompt - cached) * price[0] + cached * price[2] + completion * price[1]
+        elif prompt or completion:
+            usage.unpriced_calls += 1
+    usage.unpriced_calls += unreported  # billed, but the reply said nothing of what: its cost is unknown
+    return usage
 
 
-class UsageCapture:
-    """Captures the LM usage of the code run inside :meth:`active`, per model, on every thread it fans out to.
+def add_usage(total: dict[str, ModelUsage], extra: dict[str, ModelUsage]) -> dict[str, ModelUsage]:
+    """``total`` with ``extra`` added, per model (in place; returned for convenience)."""
+    for model, entry in extra.items():
+        if model in total:
+            total[model].add(entry)
+        else:
+            total[model] = entry.model_copy()  # a model of its own: never the caller's object
+    return total
 
-    Nothing runs on DSPy's callback path while the code runs on one thread: calls, cache hits and costs come from
-    the LM history entries (the sink) and the tokens from the usage tracker. Only LM calls still in flight need a
-    callback (:class:`LMCallCounter`), and only once the code has forked: when DSPy's parallel executor starts a
-    task (it copies the tracker then), the counter joins the callbacks list this capture's contexts share, so every
-    later LM call on any thread is seen starting and ending. A program that never forks keeps DSPy's fast path
-    (a callback in the settings costs more than half of a local evaluation); one that does pays the callback path
-    from its first fork on. The user's own callbacks stay in force throughout.
-    """
 
-    on_call: Callable[[], None] | None = None
-    """Called after each LM call the capture counted, on the thread that made it, before the program goes on (a
-    Dask worker reports the attempt's usage so far: :mod:`dspy_opro.scoring.dask_usage`)."""
+class _Sink(dict):  # type: ignore[type-arg]
+    """``usage_data`` of the trackers below: a nested ``dspy.track_usage()`` rolls its entries up into it on exit
+    (DSPy 3.4), and they are dropped, since the meter or the evaluation's tracker counted them as they came."""
+
+    def __missing__(self, key: str) -> list[Any]:
+        return []
+
+
+class _CallTracker:
+    """The usage tracker of one LM call: keeps what DSPy adds, and hands it on to the tracker it stands in for."""
+
+    def __init__(self, outer: Any):
+        self.entries: list[dict[str, Any]] = []
+        self.outer = outer
+        self.usage_data = _Sink()
+
+    def add_usage(self, lm: str, usage_entry: dict[str, Any]) -> None:
+        self.entries.append(dict(usage_entry or {}))
+        if self.outer is not None and not isinstance(self.outer, EvaluationTracker):
+            self.outer.add_usage(lm, usage_entry)  # a module's own track_usage() (prediction.get_lm_usage())
+
+
+class EvaluationTracker:
+    """The usage tracker of one evaluation: the calls of LMs the meter does not know of, per model."""
 
     def __init__(self) -> None:
-        self._tracker = _SharedTracker(on_fork=self._watch_in_flight)
-        self._sink = _HistorySink(self._tracker, after=self._call_counted)
         self._lock = threading.Lock()
-        self._callbacks: list[Any] | None = None  # the one callbacks list of every context of this capture
-        self._counter: LMCallCounter | None = None
+        self._entries: dict[str, list[dict[str, Any]]] = {}
+        self.usage_data = _Sink()
 
-    def _watch_in_flight(self) -> None:
-        """Count LM calls in flight from now on (idempotent, thread-safe)."""
+    def add_usage(self, lm: str, usage_entry: dict[str, Any]) -> None:
         with self._lock:
-            if self._counter is not None:
+            self._entries.setdefault(lm, []).append(dict(usage_entry or {}))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> EvaluationTracker:  # DSPy's executors copy a tracker per task
+        copied = EvaluationTracker()
+        with self._lock:
+            copied._entries = {model: [dict(entry) for entry in entries] for model, entries in self._entries.items()}
+        return copied
+
+    def usage(self) -> dict[str, ModelUsage]:
+        with self._lock:
+            return {model: usage_of(model, entries, calls=len(entries)) for model, entries in self._entries.items()}
+
+
+class UsageMeter(BaseCallback):
+    """Counts every call of the LMs it is attached to (:meth:`attached`), wherever it happens; thread-safe.
+
+    Attributes:
+        on_call: Called after each counted call, on the thread that made it (a Dask worker reports its attempt's
+            usage so far then: :mod:`dspy_opro.scoring.dask_usage`).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, tuple[str, Any, _CallTracker]] = {}
+        self._pending: dict[str, ModelUsage] = {}
+        self._total: dict[str, ModelUsage] = {}
+        self._lms: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.on_call: Any = None
+        self.copied = False  # a copy sent with a job to another process (a Dask worker)
+
+    def __getstate__(self) -> dict[str, Any]:  # a copy in a Dask job starts empty, on its worker
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+        self.copied = True
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> UsageMeter:
+        return self  # an LM copied with the program (a candidate's predictor) still reports here
+
+    def attach(self, lms: Iterable[Any]) -> None:
+        """Meter these LMs (each once; None and objects without ``callbacks`` are passed over)."""
+        for lm in lms:
+            callbacks = getattr(lm, "callbacks", None)
+            if isinstance(callbacks, list) and not any(c is self for c in callbacks):
+                callbacks.append(self)
+                self._lms.add(lm)
+
+    def detach(self) -> None:
+        """Leave every LM as it was."""
+        for lm in list(self._lms):
+            lm.callbacks[:] = [c for c in lm.callbacks if c is not self]
+        self._lms.clear()
+
+    @contextlib.contextmanager
+    def attached(self, lms: Iterable[Any]) -> Iterator[UsageMeter]:
+        self.attach(lms)
+        try:
+            yield self
+        finally:
+            self.detach()
+
+    def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        with self._lock:
+            if call_id in self._open:  # the LM is also in dspy.settings.callbacks: counted once
                 return
-            if self._callbacks is None:
-                self._callbacks = list(dspy.settings.get("callbacks") or [])
-            # The counter reports a call only where no history entry does (with DSPy's history turned off).
-            self._counter = LMCallCounter(after=None if _history_reaches_callers() else self._call_counted)
-            self._callbacks.append(self._counter)  # in place: the contexts already entered see it
+        tracker = _CallTracker(dspy.settings.get("usage_tracker"))
+        context = dspy.context(usage_tracker=tracker)
+        context.__enter__()  # left in on_lm_end, on this thread, in this context
+        with self._lock:
+            self._open[call_id] = (getattr(instance, "model", "unknown"), context, tracker)
 
-    def active(self, **overrides: Any) -> Any:
-        """A ``dspy.context`` that records into this capture (``overrides`` are further settings)."""
-        if self._callbacks is None:
-            with self._lock:
-                if self._callbacks is None:
-                    self._callbacks = list(dspy.settings.get("callbacks") or [])
-            if not _history_reaches_callers():  # no history entries to count calls from: count them as they end
-                self._watch_in_flight()
-        callers = [self._sink, *(dspy.settings.get("caller_modules") or [])]
-        return dspy.context(usage_tracker=self._tracker, callbacks=self._callbacks, caller_modules=callers,
-                            **overrides)
-
-    def count_unreadable_reply(self, exc: BaseException, model: str | None) -> bool:
-        """Count the usage a failed LM call's reply carried when the client read its body but could not decode it
-        (a 200 reply that is not UTF-8, or not JSON as a whole); whether there was one."""
-        usage = unreadable_reply_usage(exc)
-        if usage is None or not model:
-            return False
-        self._tracker.add_usage(model, usage)
-        self._call_counted()
-        return True
-
-    def _call_counted(self) -> None:
+    def on_lm_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
+        with self._lock:
+            opened = self._open.pop(call_id, None)
+        if opened is None:
+            return
+        model, context, tracker = opened
+        context.__exit__(None, None, None)
+        entries = tracker.entries
+        if exception is not None and not entries:
+            body = unreadable_reply_usage(exception)
+            entries = [body] if body is not None else []
+        if exception is not None and not entries:
+            return  # refused or lost before anything was billed
+        usage = usage_of(model, entries, calls=1, cache_hits=int(not entries))
+        with self._lock:
+            add_usage(self._pending, {model: usage})
+            add_usage(self._total, {model: usage})
         if self.on_call is not None:
             self.on_call()
 
-    def result(self, *, settle: float = 0.0) -> dict[str, ModelUsage]:
-        """The usage captured so far, per model.
+    def take(self) -> dict[str, ModelUsage]:
+        """What the metered LMs were billed since the last ``take``, per model."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        return pending
 
-        Args:
-            settle: Seconds to wait, at most, for LM calls still in flight on threads the code started: a program
-                that raised while its own worker threads were still calling the LM has paid for those calls too.
-                A program that never forked has none.
-        """
-        counter = self._counter
-        if settle > 0 and counter is not None and not counter.wait_idle(settle):
-            logger.warning("LM calls of a failed program were still running after %.0f s; their usage is not "
-                           "counted", settle)
-        tracker, sink = self._tracker, self._sink
-        with tracker._lock:
-            paid_by_model = {model: list(entries) for model, entries in tracker.paid.items()}
-            all_by_model = {model: list(entries) for model, entries in tracker.usage_data.items()}
-        with sink._lock:
-            calls_by_model = dict(sink.calls)
-            costs = dict(sink.costs)
-        counted = dict(counter.calls) if counter is not None else {}
-        usage: dict[str, ModelUsage] = {}
-        for model in {**all_by_model, **calls_by_model, **counted}:
-            paid, entries = paid_by_model.get(model, []), all_by_model.get(model, [])
-            prompt = completion = cached = 0
-            for entry in entries:  # what the tracker holds: also entries a nested dspy.track_usage() rolled up
-                prompt += _tokens(entry, "prompt_tokens")
-                completion += _tokens(entry, "completion_tokens")
-                details = entry.get("prompt_tokens_details")
-                cached += _tokens(details, "cached_tokens") if isinstance(details, dict) else 0
-            cost, priced_prompt, priced_completion, unpriced = 0.0, prompt, completion, max(len(entries) - len(paid), 0)
-            for entry in paid:
-                call_cost = costs.get(id(entry))
-                if call_cost is None:
-                    unpriced += 1
-                    continue
-                cost += call_cost
-                priced_prompt -= _tokens(entry, "prompt_tokens")
-                priced_completion -= _tokens(entry, "completion_tokens")
-            # Calls without a cost of their own: from the price map, or unknown.
-            price = token_prices(model) if unpriced else None
-            if price is not None:
-                cost += priced_prompt * price[0] + priced_completion * price[1]
-                unpriced = 0
-            calls = max(calls_by_model.get(model, 0), counted.get(model, 0), len(entries))
-            usage[model] = ModelUsage(calls=calls, cache_hits=calls - len(entries), prompt_tokens=prompt,
-                                      completion_tokens=completion, cached_tokens=cached, cost=cost,
-                                      unpriced_calls=unpriced)
-        return usage
+    def total(self) -> dict[str, ModelUsage]:
+        """Everything metered so far, per model (copies)."""
+        with self._lock:
+            return {model: usage.model_copy() for model, usage in self._total.items()}
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._open)
 
 
 def unreadable_reply_usage(exc: BaseException) -> dict[str, Any] | None:
     """The ``usage`` object of a 200 reply the client received but could not read, from the body its exception
-    chain holds: the bytes of a ``UnicodeDecodeError`` (a body that is not UTF-8), or the text of a
-    ``JSONDecodeError`` (a body that is not JSON as a whole, whose ``usage`` object is). None when there is none."""
+    chain holds: the bytes of a ``UnicodeDecodeError`` or the text of a ``JSONDecodeError``; None when there is none."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -311,8 +256,8 @@ _USAGE_KEY = re.compile(r'"usage"\s*:\s*(?=\{)')
 
 
 def _usage_in(body: str) -> dict[str, Any] | None:
-    """The ``usage`` object of a reply body: the whole body parsed, else the first ``"usage": {...}`` that parses
-    on its own (a body broken elsewhere)."""
+    """The ``usage`` object of a reply body: the whole body parsed, else the first ``"usage": {...}`` that parses on
+    its own (a body broken elsewhere)."""
     try:
         parsed = json.loads(body)
     except ValueError:
@@ -330,7 +275,7 @@ def _usage_in(body: str) -> dict[str, Any] | None:
     return None
 
 
-def roll_up(tracker: UsageTracker | None, per_model: dict[str, ModelUsage]) -> None:
+def roll_up(tracker: Any, per_model: dict[str, ModelUsage]) -> None:
     """Add usage to a caller's ``dspy.track_usage()`` tracker (one entry per model), if there is one."""
     if tracker is None:
         return
@@ -344,4 +289,5 @@ def roll_up(tracker: UsageTracker | None, per_model: dict[str, ModelUsage]) -> N
         tracker.add_usage(model, entry)
 
 
-__all__ = ["LMCallCounter", "UsageCapture", "roll_up", "token_prices", "unreadable_reply_usage"]
+__all__ = ["EvaluationTracker", "UsageMeter", "add_usage", "roll_up", "token_prices", "unreadable_reply_usage",
+           "usage_of"]

@@ -5,6 +5,6 @@ datasets; :mod:`~dspy_opro.task.placement` realises ``instruction_pos`` in a pre
 :mod:`~dspy_opro.task.data` checks the trainset and valset against the program before any LM call and keeps the
 per-example facts the run reuses.
 
-May import: :mod:`dspy_opro.compat`, :mod:`dspy_opro.record.state` and :mod:`dspy_opro.proposing.exemplars` (how a
-question is rendered); never the configuration, the step loop, the teleprompter or an extension.
+May import: :mod:`dspy_opro.compat` and :mod:`dspy_opro.state`; never the method, the scoring, the record or an
+extension.
 """

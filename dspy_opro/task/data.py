@@ -19,7 +19,7 @@ from typing import Any
 import dspy
 
 from dspy_opro.compat import input_keys
-from dspy_opro.record.state import Split
+from dspy_opro.state import Split
 from dspy_opro.task.programs import output_fields, predictor_map
 
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import dspy
 
-from dspy_opro.record.state import digest
+from dspy_opro.compat import AGENT_PROTOCOL_MARKERS
+from dspy_opro.state import digest
 from dspy_opro.task.placement import AFTER_INPUTS, check_instruction_pos, place_after_inputs
 
 
@@ -18,18 +19,14 @@ def predictor_map(program: dspy.Module) -> dict[str, Any]:
     return dict(program.named_predictors())
 
 
-# Text a DSPy module writes into a predictor's instructions that the program needs to work, and that the search
-# must therefore leave alone: dspy.ReAct appends its agent protocol and the list of tools to the user's task
-# instructions. OPRO optimizes the part before it and keeps this tail verbatim.
-FIXED_TAIL_MARKERS = ("You are an Agent. In each episode, you will be given the fields",)
-
-
 def split_instructions(text: str) -> tuple[str, str]:
-    """Split instructions into the searchable head and a fixed tail (``""`` when there is none).
+    """Split instructions into the searchable head and a fixed tail (``""`` when there is none): the text a DSPy
+    agent module (``dspy.ReAct``, ``dspy.ReActV2``) appends to the user's instructions, its protocol and list of
+    tools, which the program needs to work and the search must leave alone.
 
     ``head + tail`` is the original text; the head keeps no trailing blank lines, which go to the tail.
     """
-    for marker in FIXED_TAIL_MARKERS:
+    for marker in AGENT_PROTOCOL_MARKERS:
         at = text.find(marker)
         if at != -1:
             head = text[:at].rstrip()

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dspy_opro.proposing.meta_prompt import instruction_md5
-from dspy_opro.record.state import Candidate, CandidateStatus
+from dspy_opro.core.meta_prompt import instruction_md5
+from dspy_opro.state import Candidate, CandidateStatus
 
 InitialInstructions = tuple[str, ...] | dict[str, tuple[str, ...]]
 

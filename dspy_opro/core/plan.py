@@ -1,11 +1,11 @@
 """A run's plan: the LM calls it will make and, where both models are priced, what they will cost.
 
 Before its first LM call a run logs its plan, and :meth:`OPROTeleprompter.estimate
-<dspy_opro.teleprompter.OPROTeleprompter.estimate>` returns the same :class:`RunPlan` without spending anything. The
-plan counts what the run sends, as it will send it:
+<dspy_opro.core.teleprompter.OPROTeleprompter.estimate>` returns the same :class:`RunPlan` without spending anything.
+The plan counts what the run sends, as it will send it:
 
 * optimizer requests: one per step asking for ``num_candidates`` choices (``n``) where the optimizer model takes
-  ``n`` (:func:`~dspy_opro.proposing.optimizer_calls.honours_n`), otherwise ``num_candidates`` single-choice requests
+  ``n`` (:func:`~dspy_opro.core.proposals.honours_n`), otherwise ``num_candidates`` single-choice requests
   per step, and the plan says so; a failed request is retried once on top;
 * evaluations (one program run plus the metric on one example): the program as given and each initial instruction
   on every training example, ``num_candidates`` new candidates per step on every training example, and the
@@ -31,16 +31,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlparse
 
-import dspy
-
-from dspy_opro.config import Models, OPROConfig
-from dspy_opro.proposing.initial import initial_by_predictor, initial_candidates
-from dspy_opro.proposing.optimizer_calls import honours_n
-from dspy_opro.record.state import CandidateStatus
+from dspy_opro.core.proposals import honours_n
+from dspy_opro.core.selection import SelectionPolicy
 from dspy_opro.scoring.usage import token_prices
-from dspy_opro.selection import SelectionPolicy
 from dspy_opro.task.data import RunData
-from dspy_opro.task.programs import predictor_map, read_instructions
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 LOCAL_COST_MAP = "LITELLM_LOCAL_MODEL_COST_MAP"
@@ -149,47 +143,31 @@ def use_local_price_maps_offline(models: Iterable[Any]) -> bool:
     return True
 
 
-def initial_count(config: OPROConfig, program: dspy.Module, data: RunData) -> int:
-    """The initial instructions step -1 scores (a repeat is skipped, not scored)."""
-    initial = initial_by_predictor(config.initial, targets=data.targets,
-                                   all_predictors=list(predictor_map(program)))
-    start = read_instructions(program, data.targets)
-    candidates = initial_candidates(initial, start=start, first_id=1, n_train=len(data.trainset))
-    return sum(c.status != CandidateStatus.SKIPPED for c in candidates)
-
-
-def plan_run(config: OPROConfig, models: Models, data: RunData, selection: SelectionPolicy, *, initial: int,
-             ignores_n: set[str] | None = None) -> RunPlan:
-    """The plan of a run from its settings, models, checked data and selection policy.
+def plan_run(*, num_steps: int, num_candidates: int, models: Any, data: RunData, selection: SelectionPolicy,
+             max_metric_calls: int | None, initial: int, ignores_n: set[str] | None = None) -> RunPlan:
+    """The plan of a run from its resolved search, models, checked data and selection policy.
 
     Args:
-        config: The run's settings.
-        models: Its resolved models.
-        data: Its checked examples.
-        selection: Its selection policy.
         initial: How many initial instructions step -1 scores besides the program as given.
         ignores_n: Optimizer models already seen ignoring ``n``.
     """
     n_train, n_val = len(data.trainset), len(data.valset)
     takes_n = honours_n(models.prompt, ignores_n)
-    requests = config.steps * (1 if takes_n else config.candidates)
-    train = n_train * (1 + initial + config.steps * config.candidates)
+    train = n_train * (1 + initial + num_steps * num_candidates)
     validation = selection.planned_evaluations(n_val) if n_val else 0
-    total = train + validation
-    if config.max_metric_calls is not None:
-        total = min(total, config.max_metric_calls)
-    selected_on = "validation" if selection.uses_valset and n_val else "train"
-    return RunPlan(num_steps=config.steps, num_candidates=config.candidates, optimizer_requests=requests,
-                   honours_n=takes_n, optimizer_model=str(getattr(models.prompt, "model", models.prompt)),
+    total = train + validation if max_metric_calls is None else min(train + validation, max_metric_calls)
+    return RunPlan(num_steps=num_steps, num_candidates=num_candidates,
+                   optimizer_requests=num_steps * (1 if takes_n else num_candidates), honours_n=takes_n,
+                   optimizer_model=str(getattr(models.prompt, "model", models.prompt)),
                    task_model=str(getattr(models.task, "model", models.task)), train_evaluations=train,
-                   validation_evaluations=validation, evaluations=total, selected_on=selected_on)
+                   validation_evaluations=validation, evaluations=total,
+                   selected_on="validation" if selection.uses_valset and n_val else "train")
 
 
 __all__ = [
     "OPTIMIZER_COMPLETION_TOKENS",
     "OPTIMIZER_PROMPT_TOKENS",
     "RunPlan",
-    "initial_count",
     "is_loopback_model",
     "plan_run",
     "use_local_price_maps_offline",

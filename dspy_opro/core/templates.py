@@ -3,8 +3,8 @@
 The template strings below are carried over verbatim from the reference implementation of *Large Language Models as
 Optimizers* (Yang et al., ICLR 2024): google-deepmind/opro at commit ``e81b2f573ce4e15755c70c2535279d6fb940b4b7``,
 ``opro/optimization/opt_utils.py``, Copyright 2023 The OPRO Authors, licensed under the Apache License, Version 2.0 (see
-the NOTICE file). Nothing here computes anything: :mod:`dspy_opro.proposing.meta_prompt.builder` assembles these pieces
-and :mod:`dspy_opro.proposing.meta_prompt.replies` parses the optimizer's answers with the tags defined here.
+the NOTICE file). Nothing here computes anything: :mod:`dspy_opro.core.meta_prompt` assembles these pieces
+and parses the optimizer's answers with the tags defined here.
 """
 
 from __future__ import annotations
@@ -12,33 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
-
-__all__ = [
-    "BLOCK_SEPARATOR",
-    "GPT_ANSWER_TEMPLATE",
-    "GPT_EXEMPLARS_INTRO",
-    "GPT_INS_CLOSING",
-    "GPT_INS_HEADER",
-    "GPT_START_CLOSING",
-    "GPT_START_HEADER",
-    "INSTRUCTION_POSITIONS",
-    "INSTRUCTION_POS_DESCRIPTIONS",
-    "INSTRUCTION_SCORE_TEMPLATE",
-    "INSTRUCTIONS_ONLY_ENTRY_TEMPLATE",
-    "INSTRUCTIONS_ONLY_INTRO_TEMPLATE",
-    "INSTRUCTIONS_ONLY_POSITIONS",
-    "INS_TAGS",
-    "META_PROMPT_TYPES",
-    "NO_QA_POSITIONS",
-    "OPTIMIZER_FAMILIES",
-    "PALM_ANSWER_TEMPLATE",
-    "PALM_CLOSING",
-    "PALM_EXEMPLARS_INTRO",
-    "PALM_HEADER",
-    "QUESTION_TEMPLATES",
-    "START_TAGS",
-    "TEXT_TAGS",
-]
 
 # ---------------------------------------------------------------------------------------------------------------
 # Options

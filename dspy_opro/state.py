@@ -47,17 +47,9 @@ class CandidateStatus(str, Enum):
 
 ReplyFate = Literal["new", "unclosed", "duplicate", "empty", "too_long", "contains_ins", "no_instruction"]
 
-# Scores are mostly a handful of values (0.0, 1.0, ...): sharing one float object per value keeps a record of
-# 1.6 million per-example scores at a pointer each instead of a pointer plus a float object.
+# Scores are mostly a handful of values (0.0, 1.0, ...): sharing one float object per value (up to 4096 values)
+# keeps a record of 1.6 million per-example scores at a pointer each instead of a pointer plus a float object.
 _SHARED_SCORES: dict[float, float] = {}
-
-
-def _share(value: float | None) -> float | None:
-    if value is None:
-        return None
-    if len(_SHARED_SCORES) < 4096:
-        return _SHARED_SCORES.setdefault(value, value)
-    return value
 
 
 class ModelUsage(BaseModel):
@@ -83,13 +75,8 @@ class ModelUsage(BaseModel):
         return self.unpriced_calls == 0
 
     def add(self, other: ModelUsage) -> None:
-        self.calls += other.calls
-        self.cache_hits += other.cache_hits
-        self.prompt_tokens += other.prompt_tokens
-        self.completion_tokens += other.completion_tokens
-        self.cached_tokens += other.cached_tokens
-        self.cost += other.cost
-        self.unpriced_calls += other.unpriced_calls
+        for name in ModelUsage.model_fields:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 class UsageRecord(BaseModel):
@@ -163,10 +150,6 @@ class RaceRecord(BaseModel):
     stopped_by: int | None = None
     """The id of the candidate it lost to (the incumbent or a sibling of its step); None: it ran all n."""
 
-    @property
-    def reason(self) -> str | None:
-        return f"raced out after {self.stopped_at} of {self.n}" if self.stopped_at is not None else None
-
 
 class Candidate(BaseModel):
     """One program configuration that was (or was to be) scored on the training set."""
@@ -215,7 +198,10 @@ class Candidate(BaseModel):
     @field_validator("scores", "val_scores", mode="after")
     @classmethod
     def _share_scores(cls, value: list[float | None] | None) -> list[float | None] | None:
-        return None if value is None else [_share(v) for v in value]
+        if value is None:
+            return None
+        shared = _SHARED_SCORES
+        return [v if v is None or len(shared) >= 4096 else shared.setdefault(v, v) for v in value]
 
 
 class Reply(BaseModel):
@@ -450,8 +436,14 @@ def record_result(candidate: Candidate, *, index: int, split: str, outcome: str,
 
     The live run and the replay of the journal on resume both store results through this one function.
     """
-    if outcome == "failed":
-        _record_error(candidate, index=index, split=split, error=error)
+    if outcome == "failed":  # one program error: the first occurrence of each distinct error is kept
+        candidate.error_count += 1
+        message = error or "unknown error"
+        same = next((r for r in candidate.errors if r.error == message and r.split == split), None)
+        if same is not None:
+            same.count, same.example = same.count + 1, min(same.example, index)
+        elif len(candidate.errors) < MAX_ERROR_KINDS:
+            candidate.errors.append(ErrorRecord(error=message, example=index, split=split))  # type: ignore[arg-type]
     if split == "val":
         candidate.val_scores[index] = score  # type: ignore[index]
         return
@@ -460,19 +452,6 @@ def record_result(candidate: Candidate, *, index: int, split: str, outcome: str,
         candidate.failed.append(index)
     if answer is not None:
         candidate.answers[index] = answer
-
-
-def _record_error(candidate: Candidate, *, index: int, split: str, error: str | None) -> None:
-    """Count one program error on a candidate, keeping the first occurrence of each distinct error."""
-    candidate.error_count += 1
-    message = error or "unknown error"
-    for record in candidate.errors:
-        if record.error == message and record.split == split:
-            record.count += 1
-            record.example = min(record.example, index)
-            return
-    if len(candidate.errors) < MAX_ERROR_KINDS:
-        candidate.errors.append(ErrorRecord(error=message, example=index, split=split))  # type: ignore[arg-type]
 
 
 def no_scores(n: int) -> list[float | None]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from dspy_opro.record.state import START_ID, Candidate, RunState, Selection, ranked_candidates
+from dspy_opro.state import START_ID, Candidate, RunState, Selection, ranked_candidates
 
 
 class SelectionPolicy(Protocol):

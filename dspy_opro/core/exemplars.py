@@ -2,19 +2,58 @@
 
 The history of a predictor is its instruction in the program as given and its scored initial instructions (both
 step -1), then every scored instruction proposed for it, each with its training score (a raced-out one with its
-partial mean); :func:`dspy_opro.proposing.meta_prompt.gen_meta_prompt` sorts, filters and buckets it as the
-authors do. The problems are drawn by :class:`ExemplarPicker` with an :class:`ExemplarPolicy`: the authors' uniform
-draw (:class:`UniformExemplars`, ``"random"`` or ``"constant"``) or an extension's (the hard-and-diverse DPP,
-:mod:`dspy_opro.extensions.hard_diverse`), from every training example that has something to show as its answer.
+partial mean); :func:`dspy_opro.core.meta_prompt.gen_meta_prompt` sorts, filters and buckets it as the authors do.
+
+The problems are drawn by :class:`ExemplarPicker` with an :class:`ExemplarPolicy`, from every training example that
+has something to show as its answer: the authors' uniform draw (:class:`UniformExemplars`), or an extension's (the
+hard-and-diverse DPP, :mod:`dspy_opro.extensions.hard_diverse`). The authors draw ``k`` problems uniformly at every
+step with ``np.random.seed(step)`` (criteria ``"random"``) or the step-0 set every time (``"constant"``);
+:func:`draw_exemplar_indices` reproduces both draws exactly for ``seed=0`` without touching numpy's global state.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
-from dspy_opro.proposing.exemplars import draw_exemplar_indices
-from dspy_opro.record.state import Candidate, RunState
+from dspy_opro.state import Candidate, RunState
 from dspy_opro.task.data import NO_REFERENCE_NOTE, RunData, render_fields
+
+# Spreads user seeds far apart so that seed s at step t never collides with seed s' at step t'.
+_SEED_STRIDE = 100003
+
+
+def draw_exemplar_indices(
+    indices: Sequence[int], k: int, step: int, *, seed: int = 0, criteria: str = "random"
+) -> list[int]:
+    """Draw ``k`` distinct elements of ``indices`` for one step, sorted ascending.
+
+    With ``seed=0`` the draw equals the authors': ``np.random.seed(step)`` followed by
+    ``np.random.choice(indices, k, replace=False)`` for ``"random"``, and the step-0 draw at every step for
+    ``"constant"``. Any other seed uses ``RandomState(seed * 100003 + step)``. numpy's global state is untouched.
+
+    Args:
+        indices: The candidates to draw from (for example the training-set positions).
+        k: How many to draw; at most ``len(indices)``.
+        step: The 0-based optimization step.
+        seed: The run's seed.
+        criteria: ``"random"`` (a new draw every step) or ``"constant"`` (the same draw every step).
+
+    Raises:
+        ValueError: On an unknown criteria or when ``k`` exceeds the number of indices.
+    """
+    if criteria not in ("random", "constant"):
+        raise ValueError(f"criteria must be 'random' or 'constant', got {criteria!r}")
+    if k < 0 or k > len(indices):
+        raise ValueError(f"cannot draw {k} exemplars from {len(indices)} indices; lower num_exemplars")
+    if k == 0:
+        return []
+    import numpy as np  # here, not at the top: ``import dspy_opro`` stays cheap
+
+    draw_step = step if criteria == "random" else 0
+    rng = np.random.RandomState(seed * _SEED_STRIDE + draw_step)
+    chosen = rng.choice(np.asarray(list(indices)), k, replace=False)
+    return sorted(int(i) for i in chosen)
 
 
 def predictor_history(state: RunState, predictor: str) -> list[tuple[str, float, int]]:
@@ -95,4 +134,5 @@ class ExemplarPicker:
         return pairs
 
 
-__all__ = ["ExemplarPicker", "ExemplarPolicy", "UniformExemplars", "predictor_history"]
+__all__ = ["ExemplarPicker", "ExemplarPolicy", "UniformExemplars", "draw_exemplar_indices",
+           "predictor_history"]

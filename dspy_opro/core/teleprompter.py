@@ -3,18 +3,16 @@
 OPRO treats a language model as the optimizer of a program's instruction. At every step the optimizer model reads a
 meta-prompt: the best instructions found so far with their training scores, in ascending order on a 0-100 scale,
 followed by a few training problems with their answers, and a request for a new instruction that scores higher.
-The meta-prompt is sent ``num_candidates`` times at temperature 1.0; each reply's instruction is extracted,
-polished and de-duplicated, then scored by running the whole program on every training example and applying the
-metric. The new scores join the history, so the next meta-prompt shows the optimizer what worked. After
-``num_steps`` steps the best instruction on training (the paper's choice) or the best of the ``top_k`` on a
-validation set is returned as part of the program.
+The meta-prompt is sent ``num_candidates`` times at temperature 1.0; each reply's instruction is extracted, polished
+and de-duplicated, then scored by running the whole program on every training example and applying the metric. The
+new scores join the history, so the next meta-prompt shows the optimizer what worked. After ``num_steps`` steps the
+best instruction on training (the paper's choice) or the best of the ``top_k`` on a validation set is returned as
+part of the program.
 
 In a program with several predictors, each step optimizes one of them, round-robin, keeping the others at the best
 instructions found so far. The meta-prompt text, reply parsing, polishing and de-duplication are the authors' own,
-ported byte for byte in :mod:`dspy_opro.proposing.meta_prompt` and checked against their outputs.
-
-The constructor's arguments are the fields of :class:`~dspy_opro.config.OPROConfig`, the one source of the
-settings: their documentation below is that of the fields (a test keeps the two equal).
+ported byte for byte in :mod:`dspy_opro.core.meta_prompt` and checked against their outputs; the step loop is
+:mod:`dspy_opro.core.run`.
 
 Example:
     ```python
@@ -27,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import concurrent.futures as cf
-import dataclasses
 import functools
 import inspect
 import logging
@@ -40,14 +37,16 @@ import dspy
 from dspy.teleprompt import Teleprompter
 
 from dspy_opro.compat import logging_through_dspy
-from dspy_opro.config import ExemplarSelection, OPROConfig
+from dspy_opro.core import settings as s
+from dspy_opro.core.initial import check_initial_instructions
+from dspy_opro.core.plan import RunPlan
 from dspy_opro.extensions import HardDiverse, Racing, ValGate
-from dspy_opro.plan import RunPlan
 from dspy_opro.record.observers import catch_up_mlflow_autolog, log_settings_to_mlflow
 
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
+ExemplarSelection = Literal["random", "constant", "hard_diverse"]
 
 
 def unknown_keyword_error(function: str, unknown: str, known: Iterable[str]) -> TypeError:
@@ -62,17 +61,15 @@ def unknown_keyword_error(function: str, unknown: str, known: Iterable[str]) -> 
 def suggest_keywords(method: Callable[P, R]) -> Callable[P, R]:
     """Turn Python's bare "unexpected keyword argument" into an error that names the closest known argument."""
     parameters = inspect.signature(method).parameters
-    known = [name for name, p in parameters.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    known = [name for name in known if name != "self"]
-    takes_any = any(p.kind == p.VAR_KEYWORD for p in parameters.values())
+    known = [name for name, p in parameters.items()
+             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and name != "self"]
     owner = method.__qualname__.replace(".__init__", "")
 
     @functools.wraps(method)
     def checked(*args: P.args, **kwargs: P.kwargs) -> R:
-        if not takes_any:
-            for name in kwargs:
-                if name not in known:
-                    raise unknown_keyword_error(f"{owner}()", name, known)
+        for name in kwargs:
+            if name not in known:
+                raise unknown_keyword_error(f"{owner}()", name, known)
         return method(*args, **kwargs)
 
     return checked
@@ -80,6 +77,9 @@ def suggest_keywords(method: Callable[P, R]) -> Callable[P, R]:
 
 class OPROTeleprompter(Teleprompter):
     """Optimize the instructions of a DSPy program's predictors with OPRO.
+
+    The settings are plain attributes (``optimizer.num_threads = 8`` works, as for DSPy's optimizers), checked when the
+    optimizer is made and again at ``compile``, before any LM call.
 
     Args:
         metric: ``metric(example, prediction, trace=None)`` or ``metric(example, prediction)`` (as for
@@ -154,19 +154,19 @@ class OPROTeleprompter(Teleprompter):
             bounded by the client's own request timeout, LiteLLM's 10 minutes) finish, and still ends a hung request
             or a program that never returns. None: no limit.
         failure_score: The score of a run whose program raised (other than an infrastructure failure).
-        max_errors: How many errors one ``compile`` tolerates before it stops (as in ``dspy.Evaluate`` and MIPROv2,
-            whose default, 10, it keeps): exceptions of the metric and of the program, except a task model's answer DSPy
-            could not parse (the instruction's doing, scored ``failure_score`` like any wrong answer). A tolerated error
-            scores ``failure_score`` and is logged and recorded; the next one stops the run with everything kept. 10
-            lets a rare bad example (a missing label, an odd input) cost one score instead of a paid run, while a
-            systematic bug stops within a few evaluations; 0 stops at the first; None: no limit.
+        max_errors: How many errors one candidate's evaluation tolerates before the run stops, counted as
+            ``dspy.Evaluate`` counts them, per evaluation of one program (and with its default, 10): exceptions of the
+            metric and of the program, except a task model's answer DSPy could not parse (the instruction's doing,
+            scored ``failure_score`` like any wrong answer). A tolerated error scores ``failure_score`` and is logged
+            and recorded; one more in the same evaluation stops the run with everything kept. A flaky metric (a
+            missing label, an odd input) costs a score now and then instead of a paid run, while a systematic bug
+            stops within a few evaluations; 0 stops at the first; None: no limit.
 
         log_dir: Folder for the run record (``state.json``), step reports and the final report; compiling again with the
             same folder resumes the run.
         seed: Seeds exemplar draws and optimizer rollout ids; 0 reproduces the authors' exemplar draws.
 
-        display_progress: Show a progress bar per scoring phase (as ``dspy.Evaluate``'s switch), on a terminal or in a
-            notebook; output to a file or pipe shows none either way.
+        display_progress: Show DSPy's progress bar for each candidate's evaluation (``dspy.Evaluate``'s switch).
         track_stats: Attach the whole run record to the returned program wherever it goes (as GEPA's
             ``detailed_results``): ``program.save(path, save_program=True)`` then carries every meta-prompt and score.
             False: the saved program carries a short summary (``OPRORunSummary``: the selected candidate, its score and
@@ -226,39 +226,40 @@ class OPROTeleprompter(Teleprompter):
         track_stats: bool = False,
     ):
         super().__init__()
-        self.config = OPROConfig(
-            metric=metric, prompt_model=prompt_model, task_model=task_model,
-            initial_instructions=initial_instructions, auto=auto, num_steps=num_steps, num_candidates=num_candidates,
-            num_exemplars=num_exemplars, exemplar_selection=exemplar_selection,
-            max_num_instructions=max_num_instructions, score_threshold=score_threshold,
-            num_score_buckets=num_score_buckets, optimizer_family=optimizer_family, instruction_pos=instruction_pos,
-            include_qa=include_qa, meta_prompt_type=meta_prompt_type, task_description=task_description,
-            max_instruction_chars=max_instruction_chars, temperature=temperature, max_tokens=max_tokens,
-            predictors=predictors, select=select, top_k=top_k, val_gate=val_gate,
-            max_metric_calls=max_metric_calls, max_cost=max_cost, racing=racing, num_threads=num_threads,
-            executor=executor, timeout=timeout, failure_score=failure_score, max_errors=max_errors, log_dir=log_dir,
-            seed=seed, display_progress=display_progress, track_stats=track_stats,
-        )
-        self.metric = metric  # as every DSPy teleprompter exposes it
+        self.metric = metric
+        self.prompt_model, self.task_model = prompt_model, task_model
+        # Frozen (a tuple, or a dict of tuples): a list the caller changes afterwards does not change the run.
+        self.initial_instructions = check_initial_instructions(initial_instructions)
+        self.auto = auto
+        self.num_steps, self.num_candidates, self.num_exemplars = num_steps, num_candidates, num_exemplars
+        self.exemplar_selection = exemplar_selection
+        self.max_num_instructions, self.score_threshold = max_num_instructions, score_threshold
+        self.num_score_buckets, self.optimizer_family = num_score_buckets, optimizer_family
+        self.instruction_pos, self.include_qa, self.meta_prompt_type = instruction_pos, include_qa, meta_prompt_type
+        self.task_description, self.max_instruction_chars = task_description, max_instruction_chars
+        self.temperature, self.max_tokens = temperature, max_tokens
+        self.predictors = predictors
+        self.select, self.top_k, self.val_gate = select, top_k, val_gate
+        self.max_metric_calls, self.max_cost, self.racing = max_metric_calls, max_cost, racing
+        self.num_threads, self.executor, self.timeout = num_threads, executor, timeout
+        self.failure_score, self.max_errors = failure_score, max_errors
+        self.log_dir, self.seed = log_dir, seed
+        self.display_progress, self.track_stats = display_progress, track_stats
+        s.check_settings(self)  # a bad setting fails here, before any LM call
         catch_up_mlflow_autolog(type(self), _PLAIN_COMPILE)
 
-    def __getattr__(self, name: str) -> Any:
-        # The settings read as attributes (optimizer.num_steps), from the one frozen configuration.
-        if name != "config" and name in _SETTINGS:
-            return getattr(self.config, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _SETTINGS and name != "metric":
-            raise AttributeError(f"the settings of an OPROTeleprompter are fixed when it is made; make a new one with "
-                                 f"{name}={value!r}")
-        super().__setattr__(name, value)
+    @classmethod
+    def setting_names(cls) -> list[str]:
+        """The settings, in the constructor's order."""
+        return [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
 
     def get_params(self) -> dict[str, Any]:
         """The settings by name, as DSPy's teleprompters return theirs: the metric, the models and the executor as
         given, every other setting JSON-serialisable (an option such as ``Racing(alpha=0.1)`` as its fields).
-        ``num_steps`` and ``num_candidates`` are None where an ``auto`` preset sets them at ``compile``."""
-        return self.config.params()
+        ``num_steps`` and ``num_candidates`` are None where the default or an ``auto`` preset sets them at
+        ``compile``."""
+        return {name: getattr(self, name) if name in s.OBJECTS else s.setting_value(name, getattr(self, name))
+                for name in self.setting_names()}
 
     def compile(
         self,
@@ -273,31 +274,31 @@ class OPROTeleprompter(Teleprompter):
 
         Args:
             student: The program to optimize.
-            trainset: Examples (with inputs set by ``with_inputs``) that score every candidate instruction and
-                supply the meta-prompt's problems.
+            trainset: Examples (with inputs set by ``with_inputs``) that score every candidate instruction and supply
+                the meta-prompt's problems.
             teacher: Not used by OPRO; must be None.
-            valset: Held-out examples for ``select="validation"``, ``val_gate`` and the label-free gate; they
-                never reach the meta-prompt.
+            valset: Held-out examples for ``select="validation"``, ``val_gate`` and the label-free gate; they never
+                reach the meta-prompt.
 
         Returns:
-            A copy of the program with the selected instructions, carrying ``candidate_programs`` (best first)
-            and ``opro_run`` (the run record; a pickled save keeps an ``OPRORunSummary`` of it unless
+            A copy of the program with the selected instructions, carrying ``candidate_programs`` (best first) and
+            ``opro_run`` (the run record; a pickled save keeps an ``OPRORunSummary`` of it unless
             ``track_stats=True``).
         """
         if teacher is not None:
             raise ValueError("OPRO optimizes instructions only and takes no teacher; call compile(..., teacher=None)")
         if kwargs:
             raise unknown_keyword_error("compile()", sorted(kwargs)[0], ["student", "trainset", "teacher", "valset"])
-        from dspy_opro.run import OPRORun  # here, not at the top: ``import dspy_opro`` stays cheap
+        s.check_settings(self)  # settings changed since the optimizer was made are checked too
+        from dspy_opro.core.run import OPRORun  # here, not at the top: ``import dspy_opro`` stays cheap
 
         with logging_through_dspy("dspy_opro"):
-            config = self.config.for_trainset(len(trainset) if isinstance(trainset, Sized) else 0)
-            if config.auto is not None:
-                logger.info("auto=%r for %d training examples: %d steps x %d candidates", config.auto,
-                            len(trainset), config.steps, config.candidates)
-            log_settings_to_mlflow(config.params())
-            return OPRORun(config, student, trainset, valset).execute()
-
+            if self.auto is not None:
+                steps, candidates = s.resolved_search(self, len(trainset) if isinstance(trainset, Sized) else 0)
+                logger.info("auto=%r for %d training examples: %d steps x %d candidates", self.auto,
+                            len(trainset) if isinstance(trainset, Sized) else 0, steps, candidates)
+            log_settings_to_mlflow(self.get_params())
+            return OPRORun(self, student, trainset, valset).execute()
 
     @suggest_keywords
     def estimate(
@@ -316,23 +317,35 @@ class OPROTeleprompter(Teleprompter):
             student: The program to optimize.
             trainset: The training examples.
             valset: The validation examples, if any (``select="auto"`` then selects on them).
-            tokens_per_evaluation: ``(prompt, completion)`` task-model tokens of one program run with its metric,
-                for a cost estimate; None: no cost (``compile`` logs one measured on step -1's first evaluations).
+            tokens_per_evaluation: ``(prompt, completion)`` task-model tokens of one program run with its metric, for a
+                cost estimate; None: no cost (``compile`` logs one measured on step -1's first evaluations).
 
         Returns:
             The `RunPlan`: optimizer requests, evaluations, and the cost with its assumption.
         """
-        from dspy_opro.plan import initial_count, plan_run, use_local_price_maps_offline
+        from dspy_opro.core.initial import initial_by_predictor, initial_candidates
+        from dspy_opro.core.plan import plan_run, use_local_price_maps_offline
+        from dspy_opro.scoring.evaluation import AnchoredMetric
+        from dspy_opro.state import CandidateStatus
         from dspy_opro.task.data import RunData
+        from dspy_opro.task.programs import predictor_map, read_instructions
 
-        data = RunData.build(student, trainset, valset, predictors=self.config.predictors,
-                             label_free=self.config.label_free, valset_needed_by=self.config.valset_needed_by,
-                             num_exemplars=self.config.num_exemplars, max_metric_calls=self.config.max_metric_calls)
-        config = self.config.for_trainset(len(data.trainset))  # an auto preset, resolved as compile resolves it
-        models = config.resolve_models()
+        s.check_settings(self)
+        data = RunData.build(student, trainset, valset, predictors=self.predictors,
+                             label_free=isinstance(self.metric, AnchoredMetric),
+                             valset_needed_by=s.valset_needed_by(self), num_exemplars=self.num_exemplars,
+                             max_metric_calls=self.max_metric_calls)
+        steps, candidates = s.resolved_search(self, len(data.trainset))  # as compile resolves an auto preset
+        models = s.Models.resolve(self)
         use_local_price_maps_offline([models.prompt, models.task, models.judge])
-        plan = plan_run(config, models, data, config.selection_policy(has_valset=bool(data.valset)),
-                        initial=initial_count(config, student, data))
+        initial = initial_by_predictor(check_initial_instructions(self.initial_instructions), targets=data.targets,
+                                       all_predictors=list(predictor_map(student)))
+        start = read_instructions(student, data.targets)
+        count = sum(c.status != CandidateStatus.SKIPPED
+                    for c in initial_candidates(initial, start=start, first_id=1, n_train=len(data.trainset)))
+        plan = plan_run(num_steps=steps, num_candidates=candidates, models=models, data=data,
+                        selection=s.selection_policy(self, has_valset=bool(data.valset)),
+                        max_metric_calls=self.max_metric_calls, initial=count)
         if tokens_per_evaluation is None:
             return replace(plan, cost_assumption="pass tokens_per_evaluation=(prompt, completion) to estimate it; "
                                                  "compile logs one measured on step -1")
@@ -341,6 +354,7 @@ class OPROTeleprompter(Teleprompter):
 
 
 _PLAIN_COMPILE = OPROTeleprompter.__dict__["compile"]  # as defined; MLflow's autolog replaces it when it patches
-_SETTINGS = frozenset(spec.name for spec in dataclasses.fields(OPROConfig))
 
 OPRO = OPROTeleprompter
+
+__all__ = ["OPRO", "OPROTeleprompter"]
