@@ -116,7 +116,8 @@ MAX_ERROR_KINDS = 20  # distinct errors kept per candidate; further ones only co
 
 
 class RaceLook(BaseModel):
-    """One look of a candidate's race (:class:`dspy_opro.extensions.racing.Look`): sign counts and critical value."""
+    """One look of a candidate's race (``dspy_opro.extensions.racing.Look`` is this class): sign counts and critical
+    value."""
 
     examples: int
     """Examples of the shared order scored at this look."""

@@ -126,20 +126,11 @@ def binomial_half_pmf(m: int) -> np.ndarray:
     return np.exp(log_pmf - m * math.log(2.0))
 
 
-@dataclass(frozen=True)
-class Look:
-    """One decision of a test after ``examples`` (``k_j``) examples: the counts of ``-1`` signs (``worse``: the
-    candidate lost) and ``+1`` signs (``better``), the ``critical`` count of ``-1`` signs at or above which it is
-    stopped (``None``: none possible), the cumulative level ``spent`` up to this look (exact, at share ``1/2``),
-    whether it stopped the candidate, and the id of the instruction compared with (``against``), where named."""
-
-    examples: int
-    worse: int
-    better: int
-    critical: int | None
-    spent: float
-    stop: bool
-    against: int | None = None
+# One decision of a test after ``examples`` (``k_j``) examples: the counts of ``-1`` signs (``worse``: the candidate
+# lost) and ``+1`` signs (``better``), the ``critical`` count of ``-1`` signs at or above which it is stopped (``None``:
+# none possible), the cumulative level ``spent`` up to this look (exact, at share ``1/2``), whether it stopped the
+# candidate, and the id of the instruction compared with (``against``), where named. The record keeps it as it is.
+Look = RaceLook
 
 
 class SequentialSignTest:
@@ -482,12 +473,12 @@ class StepRace:
             entrant.position = max(entrant.position, k)
             if entrant.sign is None:  # the threshold test
                 if not self._stop_below(cid, [index]):  # not stopped (a candidate run in full never is)
-                    entrant.looks.append(dataclasses.replace(self._threshold_look(cid, index), stop=False))
+                    entrant.looks.append(self._threshold_look(cid, index).model_copy(update={"stop": False}))
                 continue
             signs = [d for e in self._order[:k]  # the paired signs against the incumbent, from the candidate's side
                      if (d := entrant.scores[e] - self._incumbent[e]) != 0.0 and entrant.coins[e] < abs(d)]
             look = entrant.sign.look(examples=k, worse=sum(d < 0.0 for d in signs), better=sum(d > 0.0 for d in signs))
-            look = dataclasses.replace(look, against=self._bar_id)
+            look = look.model_copy(update={"against": self._bar_id})
             entrant.looks.append(look)
             if look.stop and entrant.decided != self.n:
                 entrant.stopped_at, entrant.stopped_by = k, self._bar_id
@@ -639,6 +630,6 @@ class RacingPlan:
             return None
         stopped = decision.action == "stop"
         record = RaceRecord(against=self._against, examples=decision.examples, n=decision.n,
-                            looks=[RaceLook(**dataclasses.asdict(look)) for look in self._race.looks(candidate_id)],
+                            looks=[look.model_copy() for look in self._race.looks(candidate_id)],
                             stopped_at=decision.examples if stopped else None, stopped_by=decision.stopped_by)
         return PlanDecision(stopped=stopped, mean=decision.mean, reason=decision.reason, race=record)
