@@ -150,7 +150,9 @@ def test_a_rounds_calls_take_their_places_in_order_and_an_error_halts_them_at_on
             runner.concurrently([call(0, started[0], fail=True), call(1, started[1], hangs=True)], started=started,
                                 halt=budget.halt)
         assert time.monotonic() - began < 10 and budget.halted.is_set()
-        assert order == [(0, 0)]
+        # Call 0 holds both places, so its items 0 and 1 run together and either may finish first; the first
+        # finish raises, and nothing is recorded after it.
+        assert len(order) == 1 and order[0] in [(0, 0), (0, 1)]
     finally:
         hang.set()
         engine.run_example = real
