@@ -184,6 +184,9 @@ class Candidate(BaseModel):
     the metric's feedback or a note), by training index."""
     error_count: int = 0
     """Evaluations whose program raised (infrastructure failures not counted)."""
+    metric_errors: list[str] = Field(default_factory=list)
+    """The evaluations whose metric raised (``"train:3"``, ``"val:0"``), in `failed` and `errors` too: a fixed metric
+    runs them again on resume."""
     errors: list[ErrorRecord] = Field(default_factory=list)
     """The first occurrence of each distinct error (at most 20 kinds; further ones count only in `error_count`)."""
     score: float | None = None
@@ -418,6 +421,16 @@ def digest(value: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
+def config_digest(settings: dict[str, Any]) -> str:
+    """The digest of a run's shaping settings, the metric counted by its qualified name only: a metric whose body
+    was edited (a fix) resumes the run and runs again what it failed; another metric is another run. (Label-free
+    OPRO's metric counts by its settings too: another judge is another run.)"""
+    metric = settings.get("metric")
+    if isinstance(metric, str) and not settings.get("label_free"):
+        settings = {**settings, "metric": metric.split("#", 1)[0]}
+    return digest(settings)
+
+
 def best_candidate(candidates: Iterable[Candidate]) -> Candidate | None:
     """The one rule for the best candidate: the highest training score among the scored ones, the earliest (lowest
     id, i.e. proposed first) among ties; None when none is scored."""
@@ -439,6 +452,8 @@ def record_result(candidate: Candidate, *, index: int, split: str, outcome: str,
     """
     if outcome == "failed":  # one program error: the first occurrence of each distinct error is kept
         candidate.error_count += 1
+        if (error or "").startswith(METRIC_ERROR_PREFIX):
+            candidate.metric_errors.append(f"{split}:{index}")
         message = error or "unknown error"
         same = next((r for r in candidate.errors if r.error == message and r.split == split), None)
         if same is not None:
@@ -453,6 +468,37 @@ def record_result(candidate: Candidate, *, index: int, split: str, outcome: str,
         candidate.failed.append(index)
     if answer is not None:
         candidate.answers[index] = answer
+
+
+METRIC_ERROR_PREFIX = "metric: "  # an evaluation whose metric raised records its error so
+
+
+def forget_metric_errors(candidate: Candidate) -> int:
+    """Undo the evaluations whose metric raised, so that they are run again (a fixed metric); return how many.
+
+    Their scores become None, their errors leave `failed`, `errors` and `error_count`, and the candidate is
+    pending again (its means are recomputed once it is scored).
+    """
+    cleared = list(candidate.metric_errors)
+    if not cleared:
+        return 0
+    for key in cleared:
+        split, index = key.split(":")[0], int(key.split(":")[1])
+        if split == "val" and candidate.val_scores is not None:
+            candidate.val_scores[index] = None
+        elif split == "train":
+            candidate.scores[index] = None
+            candidate.answers.pop(index, None)
+            if index in candidate.failed:
+                candidate.failed.remove(index)
+    candidate.errors = [e for e in candidate.errors if not e.error.startswith(METRIC_ERROR_PREFIX)]
+    candidate.error_count = max(candidate.error_count - len(cleared), 0)
+    candidate.metric_errors = []
+    if any(key.startswith("train:") for key in cleared):
+        candidate.score, candidate.status, candidate.reason = None, CandidateStatus.PENDING, None
+    if any(key.startswith("val:") for key in cleared):
+        candidate.val_score = None
+    return len(cleared)
 
 
 def no_scores(n: int) -> list[float | None]:

@@ -31,6 +31,7 @@ import dspy  # noqa: E402
 from dspy_opro import OPROTeleprompter  # noqa: E402
 from dspy_opro.record.files import PROGRESS_FILE, STATE_FILE  # noqa: E402
 from dspy_opro.record.report import (  # noqa: E402
+    PLOT_INSTALL_HINT,
     REPORT_FILE,
     TRAJECTORY_FILE,
     format_usage,
@@ -169,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     for path, what in files:
         if path.exists():
             print(f"  {path}  {what}")
+    if not (out_dir / TRAJECTORY_FILE).exists():
+        hint = f"the plot needs matplotlib, {PLOT_INSTALL_HINT}"
+        print(f"  (no {TRAJECTORY_FILE}: {hint})")
     return 0
 
 

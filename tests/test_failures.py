@@ -254,6 +254,20 @@ def test_a_provider_ignoring_n_gets_the_missing_choices_as_single_requests(endpo
     assert len(notices) == 1 and "answered a request for 3 choices with 1" in notices[0]
 
 
+def test_a_reply_with_null_content_is_an_empty_reply_not_the_instruction_none(endpoint):
+    # Request 4 (step 0's n=3 request) comes back 200 with "content": null in each choice: an empty reply and two
+    # repeats of it, none scored (no task request for them), and step 1 proposes as usual.
+    endpoint.faults = FaultConfig(fail_requests={4}, fail_kind="null_content", only_kinds={"opro"})
+    compiled = compile_run(endpoint, trainset=simulated_dataset(4), num_steps=2, num_candidates=3, num_threads=1)
+    run = compiled.opro_run
+    first, second = run.steps
+    assert [(r.text, r.fate) for r in first.replies] == [("", "empty"), ("", "duplicate"), ("", "duplicate")]
+    assert {str(run.candidates[r.candidate_id].status) for r in first.replies} == {"skipped"}
+    assert "None" not in [c.instruction for c in run.candidates]
+    new = sum(r.fate == "new" for r in second.replies)
+    assert new > 0 and len(kinds(endpoint, "task")) == 4 * (1 + new)
+
+
 # ------------------------------------------------------------------------------------------ 6. baseline is scored
 
 
@@ -572,9 +586,9 @@ def test_every_row_of_the_failures_table_names_tests_that_exist():
     text = (root / "docs" / "failures.md").read_text(encoding="utf-8")
     table = text.split("| What went wrong |", 1)[1].split("\n\n", 1)[0]
     rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
-    assert len(rows) == 57  # 33, four rows of issue 21 (no prediction, input keys, bad arguments, a killed run),
+    assert len(rows) == 60  # 33, four rows of issue 21 (no prediction, input keys, bad arguments, a killed run),
     # six of issue 20's optimizer calls, eleven of its resume, hang, signal and record checks and three of its
-    # reply journal
+    # reply journal; three of issue 33 (an edited metric, a BaseException, a null reply)
     for row in rows:
         named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", row.rsplit("|", 2)[1])
         assert named, row

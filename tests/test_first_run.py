@@ -18,7 +18,7 @@ from dspy_opro import OPROTeleprompter
 from dspy_opro.__main__ import main
 from dspy_opro.errors import MetricError, ProgramError
 from dspy_opro.record.files import LogDirLock, load_state, save_state
-from tests.fakes import make_lm, scripted_optimizer, toy_dataset, toy_metric, toy_task_reply
+from tests.fakes import make_lm, scripted_optimizer, toy_dataset, toy_metric, toy_task_reply, user_text
 
 ROOT = Path(__file__).resolve().parent.parent
 REPLIES = ["<INS>Better better better better.</INS>", "<INS>Better better.</INS>"]
@@ -30,6 +30,15 @@ def make(**kwargs):
     settings = {"num_steps": 1, "num_candidates": 2, "num_threads": 1, **kwargs}
     metric = settings.pop("metric", toy_metric)
     return OPROTeleprompter(metric, prompt_model=opt_lm, task_model=task_lm, **settings), task_engine, opt_engine
+
+
+class AsyncOnly(dspy.Module):
+    def __init__(self):
+        super().__init__()
+        self.predict = dspy.Predict("question -> answer")
+
+    async def aforward(self, question):
+        return await self.predict.acall(question=question)
 
 
 class ReturnsNone(dspy.Module):
@@ -131,6 +140,10 @@ def test_a_valset_with_other_keys_is_refused_too_and_a_matching_one_passes():
         (lambda o: o.compile(TakesQuestion, trainset=toy_dataset(2)), TypeError,
          "compile() got the class TakesQuestion, not a program; pass an instance: compile(TakesQuestion(...), "
          "trainset=...)"),
+        (lambda o: o.compile(AsyncOnly(), trainset=toy_dataset(2)), TypeError,
+         "the program AsyncOnly defines aforward but no forward: OPRO runs a program as dspy.Evaluate does, "
+         "AsyncOnly(**example.inputs()) on worker threads, which calls forward. Give AsyncOnly a forward (for example "
+         "one that calls its predictors directly, or `return asyncio.run(self.aforward(**kwargs))`)"),
         (lambda o: o.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(2), val_set=[]), TypeError,
          "compile() got an unexpected keyword argument 'val_set'; did you mean 'valset'?"),
     ],
@@ -203,6 +216,9 @@ def test_tolerated_metric_errors_are_counted_logged_and_recorded(caplog):
     assert sorted(tolerated) == [f"Tolerated metric error 1 of max_errors=10 for candidate {cid} (scored "
                                  "failure_score=0) on training example 1 ({'question': 'item 1'}): KeyError: 'label'"
                                  for cid in (0, 1, 2)]
+    raised = sorted(m for m in caplog.messages if m.startswith("Candidate ") and " raised on " in m)
+    assert raised == [f"Candidate {cid}: the metric raised on 1 training evaluations (1 distinct errors); first, on "
+                      "example 1: metric: KeyError: 'label'" for cid in (0, 1, 2)]
 
 
 def test_max_errors_counts_per_evaluation_of_one_candidate_not_per_compile():
@@ -317,6 +333,23 @@ def test_the_local_price_maps_are_used_only_when_every_model_is_local(monkeypatc
     assert os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] == "False"
 
 
+@pytest.mark.parametrize("before", [None, "False"])
+def test_estimate_and_compile_leave_the_environment_as_they_found_it(monkeypatch, before):
+    from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
+
+    monkeypatch.delenv("LITELLM_LOCAL_MODEL_COST_MAP", raising=False)
+    if before is not None:
+        monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", before)
+    with SimulatedEndpoint() as endpoint:
+        optimizer = OPROTeleprompter(simulated_metric, prompt_model=endpoint.lm("openai/sim-opt"),
+                                     task_model=endpoint.lm("openai/sim-task"), num_steps=1, num_candidates=1)
+        optimizer.estimate(dspy.Predict("question -> answer"), simulated_dataset(3))
+        assert os.environ.get("LITELLM_LOCAL_MODEL_COST_MAP") == before
+        optimizer.compile(dspy.Predict("question -> answer"), trainset=simulated_dataset(3))
+        assert os.environ.get("LITELLM_LOCAL_MODEL_COST_MAP") == before
+        assert endpoint.count("task") == 6
+
+
 OFFLINE_SCRIPT = """
 import dspy
 from dspy_opro import OPROTeleprompter
@@ -353,3 +386,161 @@ def test_a_metric_that_fails_on_every_example_of_the_start_stops_before_any_opti
         "dspy.Prediction(score=..., feedback=...); then compile again (pass log_dir=... to keep what was scored and "
         "resume instead).")
     assert len(task_engine.requests) == 4 and len(opt_engine.requests) == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Data that is accepted but probably not what was meant is said once, before the first LM call
+
+
+def notes_of(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and r.getMessage().startswith("OPRO: ")]
+
+
+@pytest.mark.parametrize(("valset", "expected"), [
+    ([], "OPRO: valset=[] is empty, so OPRO selects on training (the paper's setting); pass held-out examples to "
+         "select on them, or leave valset out"),
+    (toy_dataset(4), "OPRO: every one of the valset's 4 examples is also in the trainset: its scores are not held "
+                     "out, so selecting on it cannot catch an instruction that overfits; pass examples the trainset "
+                     "does not hold"),
+    (toy_dataset(4)[2:] + toy_dataset(3, prefix="val"),
+     "OPRO: 2 of the valset's 5 examples are also in the trainset: their validation scores are not held out"),
+])
+def test_an_empty_or_overlapping_valset_is_said_once(caplog, valset, expected):
+    optimizer, task_engine, _ = make()
+    with caplog.at_level(logging.INFO, logger="dspy_opro"):
+        optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4), valset=valset)
+    assert notes_of(caplog) == [expected]
+    assert ("OPRO selects on training (the paper's setting): no valset was given" in caplog.messages) is False
+    assert caplog.messages.index(expected) < caplog.messages.index(next(m for m in caplog.messages
+                                                                        if m.startswith("OPRO plan:")))
+
+
+def test_examples_without_a_label_for_the_output_field_are_said_once(caplog):
+    train = toy_dataset(4)
+    train[1] = dspy.Example(question="item 1", label="a1").with_inputs("question")
+    train[3] = dspy.Example(question="item 3").with_inputs("question")
+    optimizer, task_engine, _ = make(metric=lambda example, prediction, trace=None: 1.0)
+    with caplog.at_level(logging.INFO, logger="dspy_opro"):
+        optimizer.compile(dspy.Predict("question -> answer"), trainset=train)
+    assert notes_of(caplog) == [
+        "OPRO: 2 of 4 training examples have no label for any output field of predictor 'self' (answer): the "
+        "meta-prompt shows the program's own answer for them where the metric scored it 1, else '(no reference "
+        "answer available)'"]
+    assert len(task_engine.requests) == 12
+
+
+class CustomStop(BaseException):
+    pass
+
+
+@pytest.mark.parametrize(("raised", "shown"), [(SystemExit(3), "SystemExit: 3"), (GeneratorExit(), "GeneratorExit: "),
+                                               (CustomStop("halt"), "CustomStop: halt")])
+def test_a_base_exception_of_the_metric_is_a_metric_error_and_its_paid_run_is_kept(tmp_path, raised, shown):
+    def metric(example, prediction, trace=None):
+        if example.question == "item 1":
+            raise raised
+        return toy_metric(example, prediction)
+
+    optimizer, task_engine, _ = make(metric=metric, log_dir=str(tmp_path))
+    run = optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4)).opro_run
+    assert run.status == "finished" and run.tolerated_errors == 3
+    assert [(e.error, e.example) for e in run.candidates[0].errors] == [(f"metric: {shown}", 1)]
+    assert len(task_engine.requests) == 12 == run.metric_calls
+    again, engine_again, _ = make(metric=metric, log_dir=str(tmp_path))
+    assert again.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4)).opro_run.metric_calls == 12
+    assert len(engine_again.requests) == 0  # nothing is bought again
+
+
+def test_a_base_exception_of_the_program_is_a_program_error():
+    class Exits(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.predict = dspy.Predict("question -> answer")
+
+        def forward(self, question):
+            prediction = self.predict(question=question)
+            if question == "item 2":
+                raise SystemExit("bye")
+            return prediction
+
+    optimizer, task_engine, _ = make()
+    run = optimizer.compile(Exits(), trainset=toy_dataset(4)).opro_run
+    assert run.status == "finished" and [c.failed for c in run.candidates] == [[2], [2], [2]]
+    assert [(e.error, e.example) for e in run.candidates[0].errors] == [("SystemExit: bye", 2)]
+    assert len(task_engine.requests) == 12 == run.metric_calls
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A fixed metric resumes a paid run
+
+
+def grading(broken_on: tuple[str, ...]):
+    """The same metric (one qualified name) before and after a fix: ``broken_on`` are the questions it fails."""
+
+    def grade(example, prediction, trace=None):
+        if example.question in broken_on:
+            raise KeyError("refund")
+        return toy_metric(example, prediction)
+
+    return grade
+
+
+def test_a_fixed_metric_resumes_and_runs_again_only_what_it_failed(tmp_path, caplog):
+    optimizer, task_engine, opt_engine = make(metric=grading(("item 1", "item 3")), max_errors=1,
+                                              log_dir=str(tmp_path))
+    with pytest.raises(MetricError) as raised:
+        optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4))
+    assert str(raised.value).endswith("then compile again with the same log_dir to resume.")
+    assert (len(task_engine.requests), len(opt_engine.requests)) == (4, 0)  # stopped at step -1
+    saved = load_state(tmp_path).candidates[0]  # the error past max_errors stopped the run before it was recorded
+    assert (saved.metric_errors, saved.scores) == (["train:1"], [0.0, 0.0, 0.0, None])
+
+    fixed, task_engine, opt_engine = make(metric=grading(()), max_errors=1, log_dir=str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="dspy_opro"):
+        run = fixed.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4)).opro_run
+    # Items 1 and 3 of the start run again; items 0 and 2 are kept; then step 0 as usual.
+    asked = [user_text(request) for request in task_engine.requests]
+    assert len(asked) == 2 + 2 * 4 and "item 1" in asked[0] and "item 3" in asked[1]
+    assert len(opt_engine.requests) == 2 and run.status == "finished" and run.metric_calls == 4 + 2 + 8
+    clean, _, _ = make()
+    expected = clean.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4)).opro_run
+    assert [c.scores for c in run.candidates] == [c.scores for c in expected.candidates]
+    start = run.candidates[0]
+    assert (start.failed, start.errors, start.error_count, start.metric_errors) == ([], [], 0, [])
+    assert any(m.startswith("The metric changed since the saved run (tests.test_first_run.grading.<locals>.grade#")
+               and m.endswith(": its 1 evaluations that raised in the metric are run again with it; the 2 other "
+                              "scores are kept, as the old metric gave them (a new log_dir scores everything with the "
+                              "new one)") for m in caplog.messages)  # item 3 stopped the run unrecorded
+    from dspy_opro.task.programs import callable_fingerprint
+
+    record = load_state(tmp_path)  # the record names the fixed metric from now on
+    assert record.config["metric"] == record.fingerprint.settings["metric"] == callable_fingerprint(fixed.metric)
+
+
+def test_a_fixed_metric_reopens_a_finished_run_and_selects_anew(tmp_path):
+    flaky, task_engine, _ = make(metric=grading(("item 1",)), log_dir=str(tmp_path))
+    first = flaky.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4)).opro_run
+    assert first.status == "finished" and first.tolerated_errors == 3 and len(task_engine.requests) == 12
+    fixed, task_engine, opt_engine = make(metric=grading(()), log_dir=str(tmp_path))
+    run = fixed.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4)).opro_run
+    assert (len(task_engine.requests), len(opt_engine.requests)) == (3, 0)  # item 1 of each of the 3 candidates
+    assert run.status == "finished" and run.tolerated_errors == 0 and [c.failed for c in run.candidates] == [[]] * 3
+    again, task_engine, _ = make(metric=grading(()), log_dir=str(tmp_path))
+    again.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4))
+    assert len(task_engine.requests) == 0  # the fixed record is the record now
+
+
+def test_a_metric_of_another_name_is_refused_with_advice_that_works(tmp_path):
+    optimizer, _, _ = make(metric=grading(("item 1", "item 3")), max_errors=1, log_dir=str(tmp_path))
+    with pytest.raises(MetricError):
+        optimizer.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4))
+    other, task_engine, opt_engine = make(metric=toy_metric, log_dir=str(tmp_path))
+    with pytest.raises(Exception) as raised:
+        other.compile(dspy.Predict("question -> answer"), trainset=toy_dataset(4))
+    message = str(raised.value)
+    assert type(raised.value).__name__ == "StateFileError" and "metric: " in message
+    assert message.endswith("A metric of another name is another metric: resume with "
+                            "tests.test_first_run.grading.<locals>.grade (a fix of its body resumes, and what it "
+                            "failed is run again), or choose a new log_dir for the new one.")
+    assert len(task_engine.requests) == len(opt_engine.requests) == 0

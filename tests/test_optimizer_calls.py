@@ -273,3 +273,16 @@ def test_step_candidates_reads_the_record_and_leaves_it_unchanged():
         (2, 1, "pending", {"p": "Show work."}, [None, None]),
         (3, 1, "skipped", {"p": "Use INS tags."}, []),
     ]
+
+
+def test_replies_without_their_closing_tag_are_explained_once_per_run(endpoint, caplog):
+    endpoint.faults = FaultConfig(unclosed_tags=1.0)
+    with caplog.at_level(logging.WARNING, logger="dspy_opro"):
+        run = compile_run(endpoint, trainset=simulated_dataset(3), num_steps=2, num_candidates=2,
+                          num_threads=1).opro_run
+    assert [[reply.fate for reply in step.replies].count("unclosed") for step in run.steps] == [2, 2]
+    said = [m for m in caplog.messages if "never closed it" in m]
+    assert said == ["Step 0: 2 optimizer replies opened the instruction's tag and never closed it; as the authors' "
+                    "extraction does, each is taken from the tag to the end of the reply (whatever the model wrote "
+                    "after its instruction included) and scored. Said once per run; the replies are in the run record "
+                    "(fate 'unclosed')"]

@@ -66,8 +66,12 @@ def test_a_budget_caps_the_planned_evaluations_and_the_cost_states_its_assumptio
         f"OPRO cost estimate: about ${expected:.4f} (200 prompt and 20 completion tokens per evaluation (stated); "
         "1000 prompt tokens per optimizer request and 150 completion tokens per choice (assumed); every planned "
         "evaluation run)")
+    assert plan.describe() == (
+        "OPRO plan: 3 optimizer requests (one per step asking n=4); at most 50 program runs with the metric (130 on "
+        f"training, 0 on validation); selection on training; about ${expected:.4f} ({plan.cost_assumption})")
     unpriced = optimizer.estimate(dspy.Predict("question -> answer"), toy_dataset(10))
     assert unpriced.cost is None and "pass tokens_per_evaluation=(prompt, completion)" in unpriced.cost_assumption
+    assert "$" not in unpriced.describe()
 
 
 def test_estimate_refuses_what_compile_refuses():

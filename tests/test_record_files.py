@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import stat
@@ -16,6 +17,7 @@ import pytest
 from dspy_opro.__main__ import main as cli
 from dspy_opro.errors import RunInProgressError, StateFileError
 from dspy_opro.record.files import PROGRESS_FILE, ProgressJournal, load_state
+from dspy_opro.task.programs import callable_fingerprint
 from tests.fakes import make_lm, toy_dataset, toy_metric, toy_task_reply
 from tests.resume_job import build
 
@@ -192,14 +194,20 @@ def lambda_metric(constant):
         (lambda e, p, t=None: 1.0, lambda e, p, t=None: 0.0, False),  # two lambdas
     ],
 )
-def test_the_fingerprint_sees_the_metrics_code_and_closure(tmp_path, first, second, same):
+def test_the_fingerprint_sees_the_metrics_code_and_closure(tmp_path, caplog, first, second, same):
+    """An edited metric of the same name (its code or closure changed) resumes the run: the saved scores are kept,
+    and a warning says they are the old metric's."""
     compile_job(tmp_path, metric=first)
     teleprompter, program, trainset, task_engine, _ = build(str(tmp_path), metric=second)
-    if same:
+    with caplog.at_level(logging.WARNING, logger="dspy_opro"):
         teleprompter.compile(program, trainset=trainset)
-    else:
-        with pytest.raises(StateFileError, match="metric: "):
-            teleprompter.compile(program, trainset=trainset)
+    warned = [m for m in caplog.messages if m.startswith("The metric changed since the saved run")]
+    assert len(warned) == (0 if same else 1)
+    if not same:
+        assert warned[0] == (
+            f"The metric changed since the saved run ({callable_fingerprint(first)} -> {callable_fingerprint(second)}):"
+            " none of its evaluations raised in the metric, so the finished run's result is returned as the old "
+            "metric scored it (a new log_dir scores everything with the new one)")
     assert task_engine.requests == []
 
 

@@ -583,13 +583,21 @@ def test_plot_trajectory_with_nothing_scored(tmp_path: Path) -> None:
     assert "Nothing scored yet." in render_run_report(empty)
 
 
-def test_without_matplotlib(state: RunState, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_matplotlib(state: RunState, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                            caplog: pytest.LogCaptureFixture) -> None:
+    import dspy_opro.record.report as report_module
+
     for name in [n for n in sys.modules if n == "matplotlib" or n.startswith("matplotlib.")] or ["matplotlib"]:
         monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setattr(report_module, "_PLOT_SKIP_SAID", [])
     with pytest.raises(ImportError, match=r"pip install dspy-opro\[plot\]"):
         plot_trajectory(state, tmp_path / "t.png")
-    assert write_run_report(state, tmp_path) == [tmp_path / "report.md"]
+    with caplog.at_level("WARNING", logger="dspy_opro"):
+        assert write_run_report(state, tmp_path) == [tmp_path / "report.md"]
+        assert write_run_report(state, tmp_path) == [tmp_path / "report.md"]
     assert not (tmp_path / "t.png").exists() and not (tmp_path / "trajectory.png").exists()
+    assert caplog.messages == [f"No trajectory.png in {tmp_path}: the trajectory plot needs matplotlib: pip install "
+                               "dspy-opro[plot]"]  # once, not at every report
 
 
 def test_write_run_report(state: RunState, tmp_path: Path) -> None:

@@ -161,3 +161,30 @@ def test_resuming_an_unfinished_run_scores_again_what_an_outage_left_unscored(tm
     assert compiled.signature.instructions == "Flaky better better."
     calls = [instruction_of(request) for request in task_engine.requests]
     assert calls.count("Flaky better better.") == 5 and calls.count("Revoked better.") == 5
+
+
+def test_a_resumed_run_logs_what_is_left_not_the_whole_plan(tmp_path, caplog):
+    import logging
+
+    from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
+
+    with SimulatedEndpoint() as endpoint:
+        def compile_run(num_steps):
+            optimizer = OPROTeleprompter(simulated_metric, prompt_model=endpoint.lm("openai/sim-opt"),
+                                         task_model=endpoint.lm("openai/sim-task"), num_steps=num_steps,
+                                         num_candidates=2, num_threads=2, log_dir=str(tmp_path))
+            return optimizer.compile(dspy.Predict("question -> answer"), trainset=simulated_dataset(4))
+
+        first = compile_run(1).opro_run
+        done = first.metric_calls
+        endpoint.reset_log()
+        with caplog.at_level(logging.INFO, logger="dspy_opro"):
+            second = compile_run(2).opro_run
+        plan_lines = [m for m in caplog.messages if m.startswith("OPRO plan:")]
+        resumed = [m for m in caplog.messages if m.startswith("OPRO resumes:")]
+        assert plan_lines == [] and resumed == [
+            f"OPRO resumes: {done} evaluations and 1 of 2 steps are already in the record; left: at most "
+            f"{4 * (1 + 2 * 2) - done} program runs with the metric and 1 optimizer requests"]
+        new = sum(reply.fate == "new" for reply in second.steps[1].replies)
+        assert (endpoint.count("opro"), endpoint.count("task")) == (1, 4 * new)
+        assert second.metric_calls == done + 4 * new

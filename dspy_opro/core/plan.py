@@ -25,8 +25,9 @@ so an offline run prints no warning about a price list it cannot fetch.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlparse
@@ -78,7 +79,7 @@ class RunPlan:
     cost_assumption: str = "no token counts yet"
 
     def describe(self) -> str:
-        """The plan as the run logs it, on one line."""
+        """The plan on one line, with its cost when it has one (``estimate(..., tokens_per_evaluation=...)``)."""
         if self.honours_n:
             requests = f"{self.optimizer_requests} optimizer requests (one per step asking n={self.num_candidates})"
         else:
@@ -88,7 +89,8 @@ class RunPlan:
         evaluations = (f"at most {self.evaluations} program runs with the metric ({self.train_evaluations} on "
                        f"training, {self.validation_evaluations} on validation)")
         selection = "training" if self.selected_on == "train" else self.selected_on
-        return f"OPRO plan: {requests}; {evaluations}; selection on {selection}"
+        cost = f"; about ${self.cost:.4f} ({self.cost_assumption})" if self.cost is not None else ""
+        return f"OPRO plan: {requests}; {evaluations}; selection on {selection}{cost}"
 
     def describe_cost(self) -> str:
         """The cost estimate with its assumption, on one line."""
@@ -143,6 +145,20 @@ def use_local_price_maps_offline(models: Iterable[Any]) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def price_map_setting_restored() -> Iterator[None]:
+    """Put ``LITELLM_LOCAL_MODEL_COST_MAP`` back as it was (set or not) when the block ends: a compile or an estimate
+    that set it (:func:`use_local_price_maps_offline`) leaves the process's environment as it found it."""
+    before = os.environ.get(LOCAL_COST_MAP)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(LOCAL_COST_MAP, None)
+        else:
+            os.environ[LOCAL_COST_MAP] = before
+
+
 def plan_run(*, num_steps: int, num_candidates: int, models: Any, data: RunData, selection: SelectionPolicy,
              max_metric_calls: int | None, initial: int, ignores_n: set[str] | None = None) -> RunPlan:
     """The plan of a run from its resolved search, models, checked data and selection policy.
@@ -170,5 +186,6 @@ __all__ = [
     "RunPlan",
     "is_loopback_model",
     "plan_run",
+    "price_map_setting_restored",
     "use_local_price_maps_offline",
 ]

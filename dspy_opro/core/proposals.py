@@ -84,9 +84,12 @@ def prompt_token_bound(lm: Any, text: str) -> int:
 
 
 def reply_text(output: Any) -> str:
-    """One choice's text, cleaned of lone surrogates."""
+    """One choice's text, cleaned of lone surrogates; a choice with ``"content": null`` (a refusal, a tool call) is
+    empty, so that it is triaged as an empty reply, not proposed as the instruction ``"None"``."""
     if isinstance(output, dict):
-        output = output.get("text") or ""
+        output = output.get("text")
+    if output is None:
+        return ""
     return clean_text(output if isinstance(output, str) else str(output))
 
 

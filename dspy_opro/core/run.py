@@ -56,6 +56,7 @@ from dspy_opro.scoring.evaluation import AnchoredMetric, ExampleResult, metric_t
 from dspy_opro.scoring.scorer import CandidateOutcome, CandidateScorer, EvaluationSetup
 from dspy_opro.scoring.usage import UsageMeter, add_usage, roll_up, token_prices
 from dspy_opro.state import (
+    METRIC_ERROR_PREFIX,
     START_ID,
     Candidate,
     CandidateStatus,
@@ -115,6 +116,7 @@ class OPRORun:
         self.ignores_n: set[str] = set()  # optimizer models seen answering an n request with fewer choices
         self.errors: dict[tuple[str, int], int] = {}  # errors max_errors counts, per split and candidate
         self._warned: set[tuple[str, int]] = set()  # (split, candidate id) whose program errors were logged
+        self._said_unclosed = False  # replies without their closing tag are explained once per run
         self.recorder = RunRecorder(self.folder, num_steps=self.num_steps, max_metric_calls=opt.max_metric_calls,
                                     max_cost=opt.max_cost)
         recorded = s.recorded_settings(opt, opt.setting_names(), num_steps=self.num_steps,
@@ -218,15 +220,21 @@ class OPRORun:
     def _announce(self) -> None:
         logger.info("OPRO: %d steps x %d candidates over %d training examples, predictors %s", self.num_steps,
                     self.num_candidates, len(self.data.trainset), self.data.targets)
-        logger.info(self.plan().describe())
-        if self.state.metric_calls:
-            logger.info("OPRO resumes: %d evaluations and %d steps are already in the record",
-                        self.state.metric_calls, len(self.state.steps))
+        for note in self.data.notes():
+            logger.warning("OPRO: %s", note)
+        plan, done, steps = self.plan(), self.state.metric_calls, len(self.state.steps)
+        if not done:
+            logger.info(plan.describe())
+        else:  # what is left, not the whole plan: the record's evaluations are not run again
+            per_step = plan.optimizer_requests // plan.num_steps if plan.num_steps else 0
+            logger.info("OPRO resumes: %d evaluations and %d of %d steps are already in the record; left: at most %d "
+                        "program runs with the metric and %d optimizer requests", done, steps, plan.num_steps,
+                        max(plan.evaluations - done, 0), per_step * max(plan.num_steps - steps, 0))
         select, n_val = self.opt.select, len(self.data.valset)
         if self.selection.uses_valset and n_val:
             why = " (select='auto' with a valset; select='train' is the paper's setting)" if select == "auto" else ""
             logger.info("OPRO selects on the valset (%d examples)%s", n_val, why)
-        elif select == "auto" and not n_val:
+        elif select == "auto" and not n_val and not self.data.valset_given:
             logger.info("OPRO selects on training (the paper's setting): no valset was given")
         elif n_val and not self.selection.uses_valset:
             logger.info("OPRO selects on training (select=%r): the valset of %d examples is not used", select, n_val)
@@ -300,11 +308,12 @@ class OPRORun:
                                f"task model's provider, the budget) and {self.resume_hint}.")
         if len(start.failed) == n_train and start.errors:
             first = start.errors[0]
-            if all(e.error.startswith("metric: ") for e in start.errors):  # tolerated one by one, but never scored
+            if all(e.error.startswith(METRIC_ERROR_PREFIX) for e in start.errors):  # tolerated, but never scored
                 raise MetricError(
                     f"the metric failed on all {n_train} training examples of the program as given; first, on example "
-                    f"{first.example}: {first.error.removeprefix('metric: ')}. Fix the metric: it must return a float "
-                    f"in [0, 1], a bool, or dspy.Prediction(score=..., feedback=...); then {self.resume_hint}.")
+                    f"{first.example}: {first.error.removeprefix(METRIC_ERROR_PREFIX)}. Fix the metric: it must "
+                    f"return a float in [0, 1], a bool, or dspy.Prediction(score=..., feedback=...); then "
+                    f"{self.resume_hint}.")
             raise ProgramError(
                 f"the program as given raised on all {n_train} training examples; first, on example {first.example}: "
                 f"{first.error}. No instruction can do better than a program that cannot run: fix the program (call "
@@ -390,6 +399,12 @@ class OPRORun:
         logger.info("Step %d: %d replies, %d new (%d without their closing tag), %d duplicates, %d skipped, %d failed "
                     "calls", step, len(fates), scored, fates.count("unclosed"), fates.count("duplicate"),
                     len(fates) - scored - fates.count("duplicate"), record.failed_calls)
+        if fates.count("unclosed") and not self._said_unclosed:
+            self._said_unclosed = True
+            logger.warning("Step %d: %d optimizer replies opened the instruction's tag and never closed it; as the "
+                           "authors' extraction does, each is taken from the tag to the end of the reply (whatever "
+                           "the model wrote after its instruction included) and scored. Said once per run; the "
+                           "replies are in the run record (fate 'unclosed')", step, fates.count("unclosed"))
         with self._phase(f"step {step} scoring"):
             self._score(new, "train", baseline=self._baseline(record), decided=self._decided_of(step))
         self._warn_unscored(new, f"Step {step}")
@@ -517,7 +532,7 @@ class OPRORun:
             self.anchored.add_anchor(self.data.examples(_split(result.split))[result.index], result.anchor)
         # A tolerated metric error is recorded as a program error is: it scored failure_score, the error is kept.
         outcome = "failed" if result.outcome == "metric_error" else result.outcome
-        error = f"metric: {result.error}" if result.outcome == "metric_error" else result.error
+        error = f"{METRIC_ERROR_PREFIX}{result.error}" if result.outcome == "metric_error" else result.error
         self.recorder.journal(candidate, index=result.index, split=result.split, outcome=outcome, score=result.score,
                               error=error, answer=result.answer, usage=usage, anchor=result.anchor,
                               count=state.metric_calls)
@@ -589,7 +604,9 @@ class OPRORun:
             return
         self._warned.add((split, candidate.id))
         first = errors[0]
-        raised = "the metric raised" if all(e.error.startswith("metric: ") for e in errors) else "the program raised"
+        by_metric = {e.error.startswith(METRIC_ERROR_PREFIX) for e in errors}
+        raised = {frozenset({True}): "the metric raised", frozenset({False}): "the program raised"}.get(
+            frozenset(by_metric), "the program or the metric raised")
         logger.warning("Candidate %d: %s on %d %s evaluations (%d distinct errors); first, on example %d: %s",
                        candidate.id, raised, sum(e.count for e in errors), _split_name(split), len(errors),
                        first.example, first.error)

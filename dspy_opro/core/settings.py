@@ -37,7 +37,7 @@ from dspy_opro.core.selection import OnTraining, OnValidation, SelectionPolicy
 from dspy_opro.errors import LogDirError
 from dspy_opro.extensions import HardDiverse, Racing, ValGate
 from dspy_opro.scoring.evaluation import AnchoredMetric, metric_takes_trace
-from dspy_opro.state import Fingerprint, digest
+from dspy_opro.state import Fingerprint, config_digest, digest
 from dspy_opro.task.placement import check_instruction_pos
 from dspy_opro.task.programs import callable_fingerprint, dataset_fingerprint, program_fingerprint
 
@@ -316,7 +316,7 @@ def fingerprint(settings: dict[str, Any], *, trainset: Sequence[dspy.Example], v
     """What decides the run's results (the recorded settings less the continuable ones); resuming under a different
     fingerprint is refused."""
     shaping = {key: value for key, value in settings.items() if key not in CONTINUABLE}
-    return Fingerprint(config=digest(shaping), trainset=dataset_fingerprint(trainset),
+    return Fingerprint(config=config_digest(shaping), trainset=dataset_fingerprint(trainset),
                        valset=dataset_fingerprint(valset if uses_valset else []),
                        program=program_fingerprint(program), settings=shaping)
 

@@ -39,7 +39,7 @@ from dspy.teleprompt import Teleprompter
 from dspy_opro.compat import logging_through_dspy
 from dspy_opro.core import settings as s
 from dspy_opro.core.initial import check_initial_instructions
-from dspy_opro.core.plan import RunPlan
+from dspy_opro.core.plan import RunPlan, price_map_setting_restored
 from dspy_opro.extensions import HardDiverse, Racing, ValGate
 from dspy_opro.record.observers import catch_up_mlflow_autolog, log_settings_to_mlflow
 
@@ -292,7 +292,7 @@ class OPROTeleprompter(Teleprompter):
         s.check_settings(self)  # settings changed since the optimizer was made are checked too
         from dspy_opro.core.run import OPRORun  # here, not at the top: ``import dspy_opro`` stays cheap
 
-        with logging_through_dspy("dspy_opro"):
+        with logging_through_dspy("dspy_opro"), price_map_setting_restored():
             if self.auto is not None:
                 steps, candidates = s.resolved_search(self, len(trainset) if isinstance(trainset, Sized) else 0)
                 logger.info("auto=%r for %d training examples: %d steps x %d candidates", self.auto,
@@ -301,6 +301,7 @@ class OPROTeleprompter(Teleprompter):
             return OPRORun(self, student, trainset, valset).execute()
 
     @suggest_keywords
+    @price_map_setting_restored()
     def estimate(
         self,
         student: dspy.Module,

@@ -31,7 +31,7 @@ from typing import Any, TypeGuard
 from pydantic import ValidationError
 
 from dspy_opro.errors import LogDirError, RunInProgressError, StateFileError
-from dspy_opro.state import SCHEMA_VERSION, CandidateStatus, Fingerprint, ModelUsage, RunState
+from dspy_opro.state import SCHEMA_VERSION, CandidateStatus, Fingerprint, ModelUsage, RunState, config_digest
 
 STATE_FILE = "state.json"
 PROGRESS_FILE = "progress.jsonl"
@@ -173,7 +173,10 @@ def check_fingerprint(saved: RunState, fingerprint: Fingerprint, log_dir: str | 
               "program": "the program's structure, instructions or demos"}
     differ = []
     for name, label in labels.items():
-        if getattr(saved.fingerprint, name) == getattr(fingerprint, name):
+        old = getattr(saved.fingerprint, name)
+        if name == "config" and saved.fingerprint.settings:  # as this version digests it (the metric by its name)
+            old = config_digest(saved.fingerprint.settings)
+        if old == getattr(fingerprint, name):
             continue
         if name == "config" and saved.fingerprint.settings:
             old, new = saved.fingerprint.settings, fingerprint.settings
@@ -183,9 +186,14 @@ def check_fingerprint(saved: RunState, fingerprint: Fingerprint, log_dir: str | 
                 label = f"{label} ({'; '.join(changes)})"
         differ.append(label)
     if differ:
+        saved_metric = str(saved.fingerprint.settings.get("metric")).split("#", 1)[0]
+        renamed = saved_metric != str(fingerprint.settings.get("metric")).split("#", 1)[0]
+        hint = (f" A metric of another name is another metric: resume with {saved_metric} (a fix of its body "
+                "resumes, and what it failed is run again), or choose a new log_dir for the new one."
+                if renamed and saved.fingerprint.settings.get("metric") is not None else "")
         raise StateFileError(
             f"{Path(log_dir) / STATE_FILE} belongs to a different run: {', '.join(differ)} differ(s) from the saved "
-            "run. Resume with the same settings, data and program, or choose a new log_dir.")
+            f"run. Resume with the same settings, data and program, or choose a new log_dir.{hint}")
 
 
 class LogDirLock:

@@ -33,7 +33,14 @@ from typing import TYPE_CHECKING
 from dspy_opro.errors import LogDirError, StateFileError, describe_exception
 from dspy_opro.record import files
 from dspy_opro.record.files import PROGRESS_FILE, STATE_FILE, save_state
-from dspy_opro.state import CandidateStatus, ReceivedReplies, budget_spent, no_scores, record_result
+from dspy_opro.state import (
+    CandidateStatus,
+    ReceivedReplies,
+    budget_spent,
+    forget_metric_errors,
+    no_scores,
+    record_result,
+)
 
 if TYPE_CHECKING:
     from dspy_opro.state import Candidate, Fingerprint, ModelUsage, RunState
@@ -70,10 +77,16 @@ class RunRecorder:
             return None
         saved = files.load_state(self.log_dir)
         finished = saved is not None and saved.selection is not None and not self._wants_more_steps(saved)
-        if saved is not None and finished and not self._retries_outage(saved):
+        if saved is not None and finished and not self._retries_outage(saved) \
+                and not self._metric_fixed(saved, fingerprint):
             # A finished run: its result needs no lock, so a read-only log_dir still returns it.
             files.check_fingerprint(saved, fingerprint, self.log_dir)
             if not self._budget_allows_more(saved):
+                if saved.fingerprint.settings.get("metric") != fingerprint.settings.get("metric"):
+                    logger.warning("The metric changed since the saved run (%s -> %s): none of its evaluations "
+                                   "raised in the metric, so the finished run's result is returned as the old metric "
+                                   "scored it (a new log_dir scores everything with the new one)",
+                                   saved.fingerprint.settings.get("metric"), fingerprint.settings.get("metric"))
                 self._lock = None
                 return saved
         try:
@@ -98,6 +111,7 @@ class RunRecorder:
             self._replay_journal(saved)
             logger.info("Resuming the OPRO run in %s: %d candidates, %d steps recorded", self.log_dir,
                         len(saved.candidates), len(saved.steps))
+            self._take_fixed_metric(saved, fingerprint)
             self._reopen(saved)
             return saved
         except BaseException:
@@ -189,6 +203,33 @@ class RunRecorder:
         """Whether a run its budget stopped continues now: the budget allows more than it had."""
         return state.status == "stopped" and budget_spent(state, max_metric_calls=self.max_metric_calls,
                                                           max_cost=self.max_cost) is None
+
+    @staticmethod
+    def _metric_fixed(state: RunState, fingerprint: Fingerprint) -> bool:
+        """Whether the metric's body changed since the saved run (same name: the fingerprints agree) and some of
+        the saved evaluations raised in it."""
+        return (state.fingerprint.settings.get("metric") != fingerprint.settings.get("metric")
+                and any(candidate.metric_errors for candidate in state.candidates))
+
+    def _take_fixed_metric(self, state: RunState, fingerprint: Fingerprint) -> None:
+        """A metric edited since the saved run: the evaluations it failed are run again with it, the rest kept; the
+        record names the new metric from now on (and is saved at once, so the journal holds no stale score)."""
+        old, new = state.fingerprint.settings.get("metric"), fingerprint.settings.get("metric")
+        if old == new:
+            return
+        cleared = sum(forget_metric_errors(candidate) for candidate in state.candidates)
+        state.fingerprint = fingerprint
+        state.config["metric"] = new
+        kept = sum(score is not None for candidate in state.candidates
+                   for score in candidate.scores + (candidate.val_scores or []))
+        logger.warning("The metric changed since the saved run (%s -> %s): its %d evaluations that raised in the "
+                       "metric are run again with it; the %d other scores are kept, as the old metric gave them (a "
+                       "new log_dir scores everything with the new one)", old, new, cleared, kept)
+        if cleared:
+            state.tolerated_errors = max(state.tolerated_errors - cleared, 0)
+            if state.selection is not None:
+                state.status, state.stop_reason, state.selection = "running", None, None
+        self.save(state)
 
     def _reopen(self, state: RunState) -> None:
         """Let a saved run continue where the settings now allow it."""

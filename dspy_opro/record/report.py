@@ -17,8 +17,8 @@ Layout under ``log_dir``::
 
 from __future__ import annotations
 
-import contextlib
 import json
+import logging
 import os
 import re
 from collections import Counter
@@ -48,6 +48,8 @@ REPLIES_FILE = "replies.json"
 TOP_INSTRUCTIONS = 5
 MAX_ERROR_ROWS = 50  # rows of the "Program errors" table in report.md; the rest are in state.json
 CELL_CHARS = 200  # longer text is cut in table cells (the full text is in replies.json / the fenced blocks)
+
+logger = logging.getLogger(__name__)
 
 
 def pct(score: float | None) -> float | None:
@@ -382,6 +384,13 @@ def write_run_report(state: RunState, log_dir: str | os.PathLike[str], *, plot: 
     (report := folder / REPORT_FILE).write_text(render_run_report(state), encoding="utf-8", newline="")
     written = [report]
     if plot:
-        with contextlib.suppress(ImportError):  # matplotlib is optional: the report stands without the plot
+        try:
             written.append(plot_trajectory(state, folder / TRAJECTORY_FILE))
+        except ImportError as exc:  # matplotlib is optional: the report stands without the plot, said once
+            if not _PLOT_SKIP_SAID:
+                _PLOT_SKIP_SAID.append(True)
+                logger.warning("No %s in %s: %s", TRAJECTORY_FILE, folder, exc)
     return written
+
+
+_PLOT_SKIP_SAID: list[bool] = []  # the missing plot is said once per process, not at every step

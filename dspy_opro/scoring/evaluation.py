@@ -247,7 +247,9 @@ def _run_example(job: ExampleJob, tracker: EvaluationTracker, transport_retries:
             if isinstance(prediction, dspy.Prediction) and not list(prediction.keys()):
                 raise EmptyResponseError("the model returned no choices, so the program produced no outputs")
             break
-        except Exception as exc:  # the program's own failure, classified below
+        except BaseException as exc:  # the program's own failure, classified below (SystemExit and the like too)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
             kind = classify_exception(exc)
             if kind == "infra" and attempts <= transport_retries:
                 logger.debug("Retrying example %d after %s", job.index, describe_exception(exc))
@@ -279,7 +281,9 @@ def _run_example(job: ExampleJob, tracker: EvaluationTracker, transport_retries:
                     value = job.metric(job.example, prediction)
             score = coerce_score(value)
             break
-        except Exception as exc:
+        except BaseException as exc:  # a paid run is recorded whatever the metric raises, but Ctrl-C
+            if isinstance(exc, KeyboardInterrupt):
+                raise
             kind = classify_exception(exc)
             if kind == "infra" and attempts <= transport_retries:
                 logger.debug("Retrying the metric on example %d after %s", job.index, describe_exception(exc))

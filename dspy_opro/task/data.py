@@ -57,6 +57,12 @@ def check_program(program: Any) -> dspy.Module:
                         f"compile({program.__name__}(...), trainset=...)")
     if not isinstance(program, dspy.Module):
         raise TypeError(f"compile() needs a dspy.Module to optimize; got {type(program).__name__}")
+    if not callable(getattr(type(program), "forward", None)) and callable(getattr(type(program), "aforward", None)):
+        name = type(program).__name__
+        raise TypeError(
+            f"the program {name} defines aforward but no forward: OPRO runs a program as dspy.Evaluate does, "
+            f"{name}(**example.inputs()) on worker threads, which calls forward. Give {name} a forward (for example "
+            "one that calls its predictors directly, or `return asyncio.run(self.aforward(**kwargs))`)")
     return program
 
 
@@ -104,6 +110,11 @@ def check_inputs_match(program: dspy.Module, name: str, examples: Sequence[dspy.
         )
 
 
+def _row_key(example: dspy.Example) -> str:
+    """An example's fields as text, to find the same example in two datasets."""
+    return repr(sorted((str(key), repr(value)) for key, value in example.items()))
+
+
 NO_REFERENCE_NOTE = "(no reference answer available)"
 """The answer a meta-prompt shows for a problem with neither a usable label nor a usable answer of the program."""
 
@@ -126,6 +137,8 @@ class RunData:
     output_fields: dict[str, list[str]] = field(default_factory=dict)  # per target predictor
     label_keys: list[list[str]] = field(default_factory=list)  # per training example
     needs_answer: list[bool] = field(default_factory=list)  # per training example: its runs record an answer
+    valset_given: bool = False  # a valset was passed (it may be empty)
+    shared_with_trainset: int = 0  # validation examples equal to a training example
 
     @classmethod
     def build(cls, program: dspy.Module, trainset: Sequence[Any], valset: Sequence[Any] | None, *,
@@ -166,12 +179,36 @@ class RunData:
         check_inputs_match(program, "trainset", train)
         check_inputs_match(program, "valset", val)
         targets = list(predictors or all_predictors)
+        seen = {_row_key(example) for example in train}
         data = cls(trainset=train, valset=val, targets=targets, label_free=label_free,
                    output_fields={name: output_fields(program, name) for name in targets},
-                   label_keys=[sorted(example.labels().keys()) for example in train])
+                   label_keys=[sorted(example.labels().keys()) for example in train], valset_given=valset is not None,
+                   shared_with_trainset=sum(_row_key(example) in seen for example in val))
         # Examples whose labels miss some target predictor's outputs: their runs record an exemplar answer.
         data.needs_answer = [any(not data.label_fields(i, name) for name in targets) for i in range(len(train))]
         return data
+
+    def notes(self) -> list[str]:
+        """What the run says once before it starts, of data that is accepted but probably not what was meant."""
+        notes = []
+        if self.valset_given and not self.valset:
+            notes.append("valset=[] is empty, so OPRO selects on training (the paper's setting); pass held-out "
+                         "examples to select on them, or leave valset out")
+        elif self.valset and self.shared_with_trainset == len(self.valset):
+            notes.append(f"every one of the valset's {len(self.valset)} examples is also in the trainset: its scores "
+                         "are not held out, so selecting on it cannot catch an instruction that overfits; pass "
+                         "examples the trainset does not hold")
+        elif self.shared_with_trainset:
+            notes.append(f"{self.shared_with_trainset} of the valset's {len(self.valset)} examples are also in the "
+                         "trainset: their validation scores are not held out")
+        for name in [] if self.label_free else self.targets:
+            missing = sum(not self.label_fields(i, name) for i in range(len(self.trainset)))
+            if missing:
+                notes.append(f"{missing} of {len(self.trainset)} training examples have no label for any output "
+                             f"field of predictor {name!r} ({', '.join(self.output_fields[name])}): the meta-prompt "
+                             "shows the program's own answer for them where the metric scored it 1, else "
+                             f"{NO_REFERENCE_NOTE!r}")
+        return notes
 
     def examples(self, split: Split) -> list[dspy.Example]:
         """The training (``"train"``) or validation (``"val"``) examples."""

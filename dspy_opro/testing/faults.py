@@ -34,6 +34,7 @@ FAULT_KINDS = (
     "invalid_utf8",
     "truncated_body",
     "malformed_usage",
+    "null_content",
 )
 # Refusals no retry can fix, with OpenAI's status and error body: (status, message, type, code).
 REFUSALS = {
@@ -91,7 +92,8 @@ class FaultConfig:
             ignore ``n`` do), ``odd_text`` (each choice ends in an escaped lone surrogate and a NUL),
             ``invalid_utf8`` (each choice ends in two raw bytes that are not UTF-8), ``malformed_usage`` (a 200 body
             that is not JSON as a whole: its ``usage`` object arrives, its choices break off) and ``truncated_body``
-            (a 200 whose ``Content-Length`` is the whole answer's but whose connection closes after half of it).
+            (a 200 whose ``Content-Length`` is the whole answer's but whose connection closes after half of it), and
+            ``null_content`` (a 200 whose every choice has ``"content": null``, as a refusal or a tool call has).
         n_cap: Answer a request whose ``n`` is above this with HTTP 400 and an OpenAI-style error body naming ``n``
             (``N_CAP_MESSAGE``), as llama.cpp's ``llama-server`` does above its slot count. None: no cap.
         ignore_n: Answer every request with one choice whatever ``n`` asked for, as llama-cpp-python's server does.

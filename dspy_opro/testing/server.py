@@ -385,7 +385,7 @@ class SimulatedEndpoint:
             "choices": [
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": content},
+                    "message": {"role": "assistant", "content": None if fault == "null_content" else content},
                     "logprobs": None,
                     "finish_reason": "length" if i < len(cut) and cut[i] else "stop",
                 }
