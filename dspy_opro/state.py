@@ -53,22 +53,25 @@ _SHARED_SCORES: dict[float, float] = {}
 
 
 class ModelUsage(BaseModel):
-    """Calls, tokens and cost of one model (or of one role: optimizer, task)."""
+    """Calls, tokens and cost of one model (or of one role: optimizer, task); none of them can be negative."""
 
-    calls: int = 0
+    calls: int = Field(default=0, ge=0)
     """Successful LM calls, cache hits included."""
-    cache_hits: int = 0
+    cache_hits: int = Field(default=0, ge=0)
     """Calls answered from DSPy's cache: no tokens and no cost."""
-    prompt_tokens: int = 0
+    prompt_tokens: int = Field(default=0, ge=0)
     """Prompt tokens the provider billed."""
-    completion_tokens: int = 0
+    completion_tokens: int = Field(default=0, ge=0)
     """Completion tokens the provider billed."""
-    cached_tokens: int = 0
+    cached_tokens: int = Field(default=0, ge=0)
     """Prompt tokens the provider served from its prompt cache (billed at a discount); part of `prompt_tokens`."""
-    cost: float = 0.0
+    cost: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
     """USD: LiteLLM's per-response cost where the response carries one, else LiteLLM's price map by the tokens."""
-    unpriced_calls: int = 0
+    unpriced_calls: int = Field(default=0, ge=0)
     """Calls of a model with no known price: `cost` is then a lower bound (`cost_known` is false)."""
+    estimated_calls: int = Field(default=0, ge=0)
+    """Calls whose reply said nothing usable of what was billed (no `usage`, or counts that cannot be true, such as
+    negative ones): their tokens are estimated from the text sent and received, so `cost` is an estimate."""
 
     @property
     def cost_known(self) -> bool:

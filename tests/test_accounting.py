@@ -10,7 +10,9 @@ import litellm
 import pytest
 
 from dspy_opro import OPROTeleprompter
+from dspy_opro.errors import OptimizerUnavailableError
 from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
+from dspy_opro.testing.faults import FaultConfig
 
 TASK, OPTIMIZER = "openai/gpt-4o-mini", "openai/gpt-4o"
 
@@ -206,3 +208,50 @@ def test_a_200_reply_the_client_could_not_use_still_counts_the_usage_it_carried(
     assert (usage.prompt_tokens, usage.completion_tokens) == (sum(r.prompt_tokens for r in tasks),
                                                              sum(r.completion_tokens for r in tasks))
     assert usage.cost == pytest.approx(served_cost(tasks, TASK), rel=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["no_usage", "negative_usage"])
+def test_replies_without_a_usage_that_can_be_true_are_estimated_and_max_cost_still_holds(kind, caplog):
+    """Every task reply comes without ``usage`` (or with negative counts): each call's tokens are estimated from its
+    text, the cost is marked estimated and said once, and ``max_cost`` stops the run as it would with true usage
+    (the estimate is above the served bill here, so the bill stays within the budget)."""
+    import logging
+
+    faults = FaultConfig(fail_requests=set(range(10_000)), fail_kind=kind, only_kinds={"task"})
+    with SimulatedEndpoint(faults=faults) as endpoint, caplog.at_level(logging.WARNING, logger="dspy_opro"):
+        max_cost = 0.0012
+        run = compile_fan_out(endpoint, num_threads=1, max_cost=max_cost, max_tokens=10).opro_run
+        records = endpoint.requests
+    task = run.usage.by_model[TASK]
+    served = [r for r in records if r.model == "gpt-4o-mini"]
+    assert task.calls == task.estimated_calls == len(served) > 0 and task.unpriced_calls == 0
+    assert task.prompt_tokens >= sum(r.prompt_tokens for r in served) > 0
+    assert run.status == "stopped" and run.stop_reason.startswith("max_cost")
+    assert sum(request_cost(r) for r in records) <= max_cost < run.usage.total_cost + request_cost(records[-1]) * 3
+    said = [m for m in caplog.messages if "answered without a usage that can be true" in m]
+    assert len(said) == 1 and said[0].startswith(f"The model {TASK!r} answered")
+    assert "estimated_calls" in said[0]
+
+
+@pytest.mark.slow  # LiteLLM waits between its retries
+def test_max_cost_holds_for_the_optimizer_with_the_clients_own_retries():
+    """The optimizer model with DSPy's default ``num_retries=3``: every reply is an unreadable 200 carrying its
+    usage, so one call is four billed requests. Each call is reserved at four requests' worst case, so the second
+    try that no longer fits is not sent, and the endpoint's bill stays within ``max_cost``."""
+    faults = FaultConfig(fail_requests=set(range(10_000)), fail_kind="malformed_usage", only_kinds={"opro"})
+    with SimulatedEndpoint(faults=faults) as endpoint:
+        def compile_run(num_steps, max_cost=None):
+            optimizer = OPROTeleprompter(simulated_metric, prompt_model=endpoint.lm(OPTIMIZER, num_retries=3),
+                                         task_model=endpoint.lm(TASK, num_retries=0), num_steps=num_steps,
+                                         num_candidates=1, num_threads=1, max_tokens=10, max_cost=max_cost)
+            return optimizer.compile(dspy.Predict("question -> answer"), trainset=simulated_dataset(3)).opro_run
+
+        compile_run(0)
+        start = sum(request_cost(r) for r in endpoint.requests)
+        endpoint.reset_log()
+        max_cost = start + 0.005  # about one call's four requests, not two calls' eight
+        with pytest.raises(OptimizerUnavailableError, match="no call to the optimizer model"):
+            compile_run(1, max_cost)
+        opro = [r for r in endpoint.requests if r.kind == "opro"]
+    assert len(opro) == 4 and all(r.status == 200 and r.fault == "malformed_usage" for r in opro)
+    assert sum(request_cost(r) for r in endpoint.requests) <= max_cost

@@ -285,3 +285,37 @@ def test_a_version_1_record_is_read_with_its_cut_short_candidates_migrated(tmp_p
     (tmp_path / "state.json").write_text(json.dumps({**fixture, "schema_version": 3}), encoding="utf-8")
     with pytest.raises(StateFileError, match="has schema version 3; this dspy-opro reads version 2"):
         load_state(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("forged", "field"),
+    [
+        ({"u": {"openai/fake": {"calls": 1, "prompt_tokens": -1000}}}, "field u (usage): not a usage record"),
+        ({"u": {"openai/fake": {"calls": 1, "cost": -7.5}}}, "field u (usage): not a usage record"),
+        ({"m": 10**9}, "field m (evaluation count): 1000000000 is more than the record's 65 evaluations and the 1 "
+                       "journal lines up to this one could hold"),
+    ],
+)
+def test_a_journal_line_with_usage_or_a_count_that_cannot_be_true_is_refused(tmp_path, forged, field):
+    from dspy_opro.record.files import journal_entry
+
+    compile_job(tmp_path)
+    state = load_state(tmp_path)
+    start = state.candidates[0]
+    line = {"c": 0, "d": start.md5, "i": 0, "o": "ok", "s": start.scores[0], "e": None, "a": None, "split": "train",
+            "u": {}, "m": 12} | forged
+    with pytest.raises(StateFileError) as refused:
+        journal_entry(line, state, path=tmp_path / PROGRESS_FILE, line=1)
+    assert field in str(refused.value) and str(refused.value).startswith(f"{tmp_path / PROGRESS_FILE}, line 1: ")
+
+
+def test_a_record_with_negative_usage_is_refused_naming_the_field(tmp_path):
+    compile_job(tmp_path)
+    raw = json.loads((tmp_path / "state.json").read_text())
+    raw["usage"]["task"]["cost"] = -7.5
+    (tmp_path / "state.json").write_text(json.dumps(raw))
+    with pytest.raises(StateFileError) as refused:
+        load_state(tmp_path)
+    message = str(refused.value)
+    assert "does not hold a valid OPRO run record" in message and "usage.task.cost" in message
+    assert "greater than or equal to 0" in message

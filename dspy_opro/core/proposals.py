@@ -139,14 +139,22 @@ class _StepCalls:
         self.prices = token_prices(self.model) if cost_left is not None else None
         self.left = cost_left if self.prices is not None else None  # a model without a price is not limited
         self.prompt_tokens = prompt_token_bound(lm, meta_prompt) if self.prices is not None else 0
+        # DSPy's client retries a failed request num_retries times inside one call (an unreadable 200 too), each
+        # billed: one call can cost that many requests.
+        retries = getattr(lm, "num_retries", 0)
+        self.requests_per_call = 1 + (retries if isinstance(retries, int) and retries > 0 else 0)
         self.lock = threading.Lock()
         self.proposals = Proposals()
 
-    def bound(self, n: int) -> float:
+    def request_bound(self, n: int) -> float:
         """The most one request for ``n`` choices can cost (0 without a price)."""
         if self.prices is None:
             return 0.0
         return self.prompt_tokens * self.prices[0] + n * self.max_tokens * self.prices[1]
+
+    def bound(self, n: int) -> float:
+        """The most one call for ``n`` choices can cost, the client's own retries included."""
+        return self.requests_per_call * self.request_bound(n)
 
     def _reserve(self, amount: float) -> bool:
         with self.lock:
@@ -195,6 +203,8 @@ class _StepCalls:
                 usage = self.take_usage()
                 for name, model_usage in usage.items():
                     self.proposals.usage.setdefault(name, ModelUsage()).add(model_usage)
+                if self.left is not None:  # the reservation becomes what was billed since the last take
+                    self.left += self.bound(n) - sum(u.cost for u in usage.values())
                 if self.reply_log is not None:
                     self.reply_log(sample, [reply_text(o) for o in outputs[:n]], usage)
                 if n > 1:
@@ -233,7 +243,8 @@ class _StepCalls:
         """One request for ``n`` choices (as many as fit in ``max_cost``), then single choices for what is missing."""
         if self.left is not None and self.prices is not None and self.bound(n) > self.left:
             per_choice = self.max_tokens * self.prices[1]
-            fits = max(0, min(n, int((self.left - self.bound(0)) // per_choice) if per_choice > 0 else n))
+            room = self.left / self.requests_per_call - self.request_bound(0)
+            fits = max(0, min(n, int(room // per_choice) if per_choice > 0 else n))
             self.skip(n - fits, n)
             n = fits
         if n == 0:

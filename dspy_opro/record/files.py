@@ -382,6 +382,9 @@ def journal_entry(raw: dict[str, Any], state: RunState, *, path: str | os.PathLi
     count = raw.get("m")
     if count is not None and (not _is_int(count) or count < 1):
         raise refuse("m (evaluation count)", f"{count!r} is not a positive count")
+    if count is not None and count > state.metric_calls + line:  # each line adds one evaluation at most
+        raise refuse("m (evaluation count)", f"{count} is more than the record's {state.metric_calls} evaluations "
+                                             f"and the {line} journal lines up to this one could hold")
     usage = _usage(raw, refuse)
     texts = {key: raw.get(key) for key in ("e", "a", "t")}
     for key, value in texts.items():

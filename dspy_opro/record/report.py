@@ -91,12 +91,13 @@ def table(header: list[str], rows: list[list[str]], align: str = "") -> str:
     return "\n".join("| " + " | ".join(line) + " |" for line in [header, rule, *rows])
 
 
-def fmt_cost(cost: float, unpriced_calls: int) -> str:
-    """The cost, ``unknown`` when no call was priced, ``≥ $x`` when only some were (the cost is a lower bound)."""
+def fmt_cost(cost: float, unpriced_calls: int, estimated_calls: int = 0) -> str:
+    """The cost, ``unknown`` when no call was priced, ``≥ $x`` when only some were (the cost is a lower bound),
+    ``~ $x`` when some calls' tokens were estimated (their replies carried no usable usage)."""
     if unpriced_calls and cost == 0:
         return "unknown"
     money = "$0.00" if cost == 0 else f"${cost:.6f}" if cost < 0.01 else f"${cost:.4f}" if cost < 1 else f"${cost:,.2f}"
-    return f"≥ {money}" if unpriced_calls else money
+    return f"≥ {money}" if unpriced_calls else f"~ {money}" if estimated_calls else money
 
 
 def _holding(*lines: tuple[object, str]) -> list[str]:
@@ -161,7 +162,7 @@ def trajectory_rows(state: RunState) -> list[dict[str, Any]]:
 def format_usage(usage: UsageRecord) -> str:
     """A Markdown table of calls, cache hits, tokens (with the prompt tokens served from the provider's prompt
     cache) and cost for the optimizer, the task and in total, then one row per model when known. A cost is
-    ``unknown`` when no call had a price and ``≥ $x`` when some had none."""
+    ``unknown`` when no call had a price, ``≥ $x`` when some had none, and ``~ $x`` when some were estimated."""
     total = usage.optimizer.model_copy()
     total.add(usage.task)
     header = ["Role", "Calls", "Cache hits", "Prompt tokens", "Cached prompt tokens", "Completion tokens", "Cost"]
@@ -169,7 +170,7 @@ def format_usage(usage: UsageRecord) -> str:
 
     def row(label: str, u: ModelUsage) -> list[str]:
         counts = (u.calls, u.cache_hits, u.prompt_tokens, u.cached_tokens, u.completion_tokens)
-        return [label, *(f"{n:,}" for n in counts), fmt_cost(u.cost, u.unpriced_calls)]
+        return [label, *(f"{n:,}" for n in counts), fmt_cost(u.cost, u.unpriced_calls, u.estimated_calls)]
 
     text = table(header, [row("optimizer", usage.optimizer), row("task", usage.task), row("total", total)], align)
     if usage.by_model:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 import threading
 import weakref
@@ -37,6 +38,8 @@ import dspy
 
 from dspy_opro.compat import BaseCallback, price_map_entry
 from dspy_opro.state import ModelUsage
+
+logger = logging.getLogger(__name__)
 
 _PRICES: dict[str, tuple[float, float, float] | None] = {}
 _PRICES_LOCK = threading.Lock()
@@ -60,31 +63,73 @@ def token_prices(model: str) -> tuple[float, float, float] | None:
     return price
 
 
-def _count(entry: dict[str, Any], key: str) -> int:
+def _count(entry: dict[str, Any], key: str) -> int | None:
+    """A token count of a reported usage: 0 when absent, None when it cannot be true (negative, not a number)."""
     value = entry.get(key)
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 2**53:
+        return None
+    return int(value)
+
+
+def billed_tokens(entry: dict[str, Any]) -> tuple[int, int, int] | None:
+    """``(prompt, completion, cached)`` tokens of one reported usage; None when it says nothing usable of what was
+    billed (no counts, or counts that cannot be true: negative, not numbers, more cached than prompt tokens)."""
+    details = entry.get("prompt_tokens_details")  # a dict, or LiteLLM's object before DSPy 3.3
+    prompt, completion = _count(entry, "prompt_tokens"), _count(entry, "completion_tokens")
+    cached = _count(details, "cached_tokens") if isinstance(details, dict) else \
+        _count({"cached_tokens": getattr(details, "cached_tokens", None)}, "cached_tokens")
+    if prompt is None or completion is None or cached is None or not (prompt or completion) or cached > prompt:
+        return None
+    return prompt, completion, cached
 
 
 def usage_of(model: str, entries: Iterable[dict[str, Any]], *, calls: int, cache_hits: int = 0) -> ModelUsage:
-    """The usage of ``calls`` LM calls of ``model`` whose billed usage DSPy reported as ``entries``, priced."""
+    """The usage of ``calls`` LM calls of ``model`` whose billed usage DSPy reported as ``entries``, priced.
+
+    An entry that says nothing usable (:func:`billed_tokens`) makes the cost unknown (``unpriced_calls``)."""
     usage = ModelUsage(calls=calls, cache_hits=cache_hits)
-    unreported = 0
     for entry in entries:
-        details = entry.get("prompt_tokens_details")  # a dict, or LiteLLM's object before DSPy 3.3
-        prompt, completion = _count(entry, "prompt_tokens"), _count(entry, "completion_tokens")
-        cached = _count(details, "cached_tokens") if isinstance(details, dict) else \
-            _count({"cached_tokens": getattr(details, "cached_tokens", None)}, "cached_tokens")
-        unreported += not (prompt or completion)
-        usage.prompt_tokens += prompt
-        usage.completion_tokens += completion
-        usage.cached_tokens += cached
-        price = token_prices(model) if prompt or completion else None
-        if price is not None:
-            usage.cost += (prompt - cached) * price[0] + cached * price[2] + completion * price[1]
-        elif prompt or completion:
-            usage.unpriced_calls += 1
-    usage.unpriced_calls += unreported  # billed, but the reply said nothing of what: its cost is unknown
+        tokens = billed_tokens(entry)
+        if tokens is None:
+            usage.unpriced_calls += 1  # billed, but the reply said nothing usable of what: its cost is unknown
+            continue
+        add_priced(usage, model, *tokens)
     return usage
+
+
+def add_priced(usage: ModelUsage, model: str, prompt: int, completion: int, cached: int = 0) -> None:
+    """Add one call's tokens to ``usage`` with their cost at the model's prices (unknown: ``unpriced_calls``)."""
+    usage.prompt_tokens += prompt
+    usage.completion_tokens += completion
+    usage.cached_tokens += cached
+    price = token_prices(model)
+    if price is not None:
+        usage.cost += (prompt - cached) * price[0] + cached * price[2] + completion * price[1]
+    else:
+        usage.unpriced_calls += 1
+
+
+def estimated_usage(model: str, inputs: dict[str, Any], outputs: Any) -> ModelUsage:
+    """One call's usage estimated from the text it sent (``inputs`` of DSPy's LM callback) and received: LiteLLM's
+    token count for the model where it has one, else a token per four characters; marked ``estimated_calls``."""
+    sent = inputs.get("messages") or [{"role": "user", "content": str(inputs.get("prompt") or "")}]
+    texts = [o.get("text") if isinstance(o, dict) else o for o in (outputs if isinstance(outputs, list) else [])]
+    received = "".join(text for text in texts if isinstance(text, str))
+    usage = ModelUsage(calls=1, estimated_calls=1)
+    add_priced(usage, model, _tokens(model, messages=sent), _tokens(model, text=received))
+    return usage
+
+
+def _tokens(model: str, *, messages: Any = None, text: str | None = None) -> int:
+    try:
+        import litellm
+
+        return int(litellm.token_counter(model=model, messages=messages, text=text))
+    except Exception:  # a model LiteLLM cannot count, or content it cannot read
+        shown = text if text is not None else json.dumps(messages, default=str)
+        return (len(shown) + 3) // 4
 
 
 def add_usage(total: dict[str, ModelUsage], extra: dict[str, ModelUsage]) -> dict[str, ModelUsage]:
@@ -152,7 +197,8 @@ class UsageMeter(BaseCallback):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._open: dict[str, tuple[str, Any, _CallTracker]] = {}
+        self._open: dict[str, tuple[str, Any, _CallTracker, dict[str, Any]]] = {}
+        self._estimated_models: set[str] = set()  # models whose unusable usage was already said
         self._pending: dict[str, ModelUsage] = {}
         self._total: dict[str, ModelUsage] = {}
         self._lms: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -199,14 +245,14 @@ class UsageMeter(BaseCallback):
         context = dspy.context(usage_tracker=tracker)
         context.__enter__()  # left in on_lm_end, on this thread, in this context
         with self._lock:
-            self._open[call_id] = (getattr(instance, "model", "unknown"), context, tracker)
+            self._open[call_id] = (getattr(instance, "model", "unknown"), context, tracker, inputs)
 
     def on_lm_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
         with self._lock:
             opened = self._open.pop(call_id, None)
         if opened is None:
             return
-        model, context, tracker = opened
+        model, context, tracker, inputs = opened
         context.__exit__(None, None, None)
         entries = tracker.entries
         if exception is not None and not entries:
@@ -214,12 +260,27 @@ class UsageMeter(BaseCallback):
             entries = [body] if body is not None else []
         if exception is not None and not entries:
             return  # refused or lost before anything was billed
-        usage = usage_of(model, entries, calls=1, cache_hits=int(not entries))
+        usable = [entry for entry in entries if billed_tokens(entry) is not None]
+        if entries and not usable and exception is None:  # billed, but the reply says nothing usable of what
+            usage = estimated_usage(model, inputs, outputs)
+            self._say_estimated(model, entries)
+        else:
+            usage = usage_of(model, usable or entries, calls=1, cache_hits=int(not entries))
         with self._lock:
             add_usage(self._pending, {model: usage})
             add_usage(self._total, {model: usage})
         if self.on_call is not None:
             self.on_call()
+
+    def _say_estimated(self, model: str, entries: list[dict[str, Any]]) -> None:
+        with self._lock:
+            if model in self._estimated_models:
+                return
+            self._estimated_models.add(model)
+        logger.warning("The model %r answered without a usage that can be true (%s): the tokens of such replies are "
+                       "estimated from the text sent and received, and the cost is marked estimated "
+                       "(estimated_calls in the run record). Said once per model", model,
+                       json.dumps(entries[0], default=str)[:200] if entries[0] else "no usage")
 
     def take(self) -> dict[str, ModelUsage]:
         """What the metered LMs were billed since the last ``take``, per model."""

@@ -35,6 +35,8 @@ FAULT_KINDS = (
     "truncated_body",
     "malformed_usage",
     "null_content",
+    "no_usage",
+    "negative_usage",
 )
 # Refusals no retry can fix, with OpenAI's status and error body: (status, message, type, code).
 REFUSALS = {
@@ -93,7 +95,9 @@ class FaultConfig:
             ``invalid_utf8`` (each choice ends in two raw bytes that are not UTF-8), ``malformed_usage`` (a 200 body
             that is not JSON as a whole: its ``usage`` object arrives, its choices break off) and ``truncated_body``
             (a 200 whose ``Content-Length`` is the whole answer's but whose connection closes after half of it), and
-            ``null_content`` (a 200 whose every choice has ``"content": null``, as a refusal or a tool call has).
+            ``null_content`` (a 200 whose every choice has ``"content": null``, as a refusal or a tool call has),
+            ``no_usage`` (a 200 without ``usage``, as some OpenAI-compatible servers send) and ``negative_usage`` (a
+            200 whose ``usage`` counts -1000 prompt and -100 completion tokens, as a broken proxy may).
         n_cap: Answer a request whose ``n`` is above this with HTTP 400 and an OpenAI-style error body naming ``n``
             (``N_CAP_MESSAGE``), as llama.cpp's ``llama-server`` does above its slot count. None: no cap.
         ignore_n: Answer every request with one choice whatever ``n`` asked for, as llama-cpp-python's server does.

@@ -393,6 +393,10 @@ class SimulatedEndpoint:
             ],
             "usage": usage,
         }
+        if fault == "no_usage":
+            del payload["usage"]
+        if fault == "negative_usage":
+            payload["usage"] = {"prompt_tokens": -1000, "completion_tokens": -100, "total_tokens": -1100}
         if fault == "malformed_usage":  # the usage object arrives, the choices break off: not JSON as a whole
             head = json.dumps({key: value for key, value in payload.items() if key != "choices"}, ensure_ascii=False)
             send(200, (head[:-1] + ', "choices": [{"index": 0, "mess').encode("utf-8"))
