@@ -316,6 +316,16 @@ class Selection(BaseModel):
     """The decision in words, with the scores it compared."""
 
 
+FELL_BACK = "validation could not be completed (budget or LM failures); fell back to the best training score"
+"""The start of a `Selection.reason` on training where the valset was to select."""
+
+
+def validation_incomplete(state: RunState) -> bool:
+    """Whether a run that was to select on the valset selected on training because validation could not finish."""
+    return state.selection is not None and state.selection.selected_by == "train" and \
+        state.selection.reason.startswith(FELL_BACK)
+
+
 class Fingerprint(BaseModel):
     """Digests of what decides a run's results, and the settings themselves so a refusal can name what changed."""
 

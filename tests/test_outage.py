@@ -83,3 +83,39 @@ def test_a_run_whose_optimizer_answered_once_finishes(endpoint):
     endpoint.faults = FaultConfig(fail_requests={4, 5}, fail_kind="server_error", only_kinds={"opro"})
     run = compile_run(endpoint, trainset=train, num_steps=2, num_candidates=2, num_threads=1).opro_run
     assert run.status == "finished" and [len(s.replies) for s in run.steps] == [0, 2]
+
+
+@pytest.mark.slow
+def test_an_outage_during_validation_is_warned_named_in_the_status_and_scored_on_compile_again(tmp_path, caplog):
+    train, val = simulated_dataset(4), simulated_dataset(3, seed=7)
+    val_questions = {example.question for example in val}
+
+    def compile_with_valset(endpoint, log_dir):
+        teleprompter = OPROTeleprompter(simulated_metric, prompt_model=endpoint.lm(OPT, num_retries=0),
+                                        task_model=endpoint.lm(TASK, num_retries=0), num_steps=1, num_candidates=2,
+                                        num_threads=1, log_dir=log_dir, select="validation")
+        return teleprompter.compile(dspy.Predict("question -> answer"), trainset=train, valset=val).opro_run
+
+    def validation(endpoint):
+        return [r for r in endpoint.requests
+                if r.kind == "task" and any(q in r.messages[-1]["content"] for q in val_questions)]
+
+    with SimulatedEndpoint() as endpoint:
+        compile_with_valset(endpoint, tmp_path / "rehearsal")  # where validation starts (deterministic requests)
+        first_val = validation(endpoint)[0].index
+        endpoint.reset_log()
+        endpoint.faults = FaultConfig(fail_requests=set(range(first_val, first_val + 1000)), fail_kind="server_error",
+                                      only_kinds={"task"})
+        with caplog.at_level(logging.WARNING, logger="dspy_opro"):
+            run = compile_with_valset(endpoint, tmp_path / "run")
+        assert run.status == "finished" and run.selection.selected_by == "train"
+        assert run.stop_reason == "finished with its validation incomplete (infrastructure): selected on training"
+        assert any(m.startswith("OPRO finished with its validation incomplete (infrastructure): selected on "
+                                "training, not on the valset as select='validation' asks: compiling again with the "
+                                "same log_dir scores the rest of the validation") for m in caplog.messages)
+        assert validation(endpoint) and all(r.status == 500 for r in validation(endpoint))
+        endpoint.faults = FaultConfig()
+        endpoint.reset_log()
+        again = compile_with_valset(endpoint, tmp_path / "run")
+        assert again.selection.selected_by == "validation" and again.stop_reason is None
+        assert endpoint.count("opro") == 0 and endpoint.count("task") == len(validation(endpoint)) > 0

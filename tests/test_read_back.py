@@ -167,3 +167,23 @@ def test_a_disk_that_fills_while_journaling_is_a_log_dir_error_and_the_resume_re
     resumed = compile_run(endpoint, tmp_path).opro_run
     assert endpoint.count("task") - served == 6 - 1  # step 0's six, less the one recorded before the disk filled
     assert resumed.status == "finished" and resumed.metric_calls == endpoint.count("task")
+
+
+def test_a_full_disk_at_the_journals_close_is_a_log_dir_error_and_frees_the_lock(endpoint, tmp_path, monkeypatch):
+    """The journal's last buffered write fails as the run closes it: a LogDirError naming the fix, not a bare
+    OSError, and the lock is released, so that the next compile in the same process (a notebook) goes on."""
+    real_close, closes = ProgressJournal.close, [0]
+
+    def close_on_a_full_disk(self):
+        closes[0] += 1
+        real_close(self)
+        if closes[0] == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ProgressJournal, "close", close_on_a_full_disk)
+    with pytest.raises(LogDirError, match="No space left on device. What was saved before is kept; free disk space "
+                                          "and compile again with the same log_dir to resume"):
+        compile_run(endpoint, tmp_path)
+    served = endpoint.count("task")
+    run = compile_run(endpoint, tmp_path).opro_run  # no RunInProgressError: the lock went with the error
+    assert run.status == "finished" and endpoint.count("task") == served

@@ -17,6 +17,7 @@ import pytest
 from dspy_opro.__main__ import main as cli
 from dspy_opro.errors import RunInProgressError, StateFileError
 from dspy_opro.record.files import PROGRESS_FILE, ProgressJournal, load_state
+from dspy_opro.state import digest
 from dspy_opro.task.programs import callable_fingerprint
 from tests.fakes import make_lm, toy_dataset, toy_metric, toy_task_reply
 from tests.resume_job import build
@@ -319,3 +320,43 @@ def test_a_record_with_negative_usage_is_refused_naming_the_field(tmp_path):
     message = str(refused.value)
     assert "does not hold a valid OPRO run record" in message and "usage.task.cost" in message
     assert "greater than or equal to 0" in message
+
+
+FINGERPRINT_SCRIPT = """
+import dspy, numpy
+from dspy_opro.task.programs import dataset_fingerprint
+
+class Photo:
+    def __init__(self, pixels):
+        self.pixels = pixels
+
+rows = [dspy.Example(question="q", image=Photo(numpy.arange(12).reshape(3, 4)), marker=object(),
+                     raw=b"abc", tags={"b", "a"}).with_inputs("question", "image")]
+print(dataset_fingerprint(rows))
+"""
+
+
+def test_the_trainset_fingerprint_is_the_same_in_every_process_for_objects_whose_repr_holds_an_address():
+    prints = [subprocess.run([sys.executable, "-c", FINGERPRINT_SCRIPT], cwd=ROOT, env=ENV, capture_output=True,
+                             text=True, timeout=120) for _ in range(2)]
+    assert all(p.returncode == 0 for p in prints), prints[0].stderr[-2000:]
+    assert prints[0].stdout == prints[1].stdout and len(prints[0].stdout.strip()) == 16
+
+
+def test_the_trainset_fingerprint_sees_a_change_in_the_middle_of_a_large_array():
+    import numpy
+
+    from dspy_opro.task.programs import dataset_fingerprint
+
+    def rows(values):
+        return [dspy.Example(question="q", features=values).with_inputs("question", "features")]
+
+    values = numpy.zeros(100_000)
+    before = dataset_fingerprint(rows(values))
+    changed = values.copy()
+    changed[50_000] = 1.0
+    assert str(values) == str(changed)  # what the fingerprint saw before: numpy elides the middle
+    assert dataset_fingerprint(rows(changed)) != before == dataset_fingerprint(rows(values.copy()))
+    # Plain JSON data fingerprints as it always did: saved runs resume.
+    plain = [dspy.Example(question="q", answer="a").with_inputs("question")]
+    assert dataset_fingerprint(plain) == digest([{"data": {"question": "q", "answer": "a"}, "inputs": ["question"]}])

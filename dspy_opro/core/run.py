@@ -69,6 +69,7 @@ from dspy_opro.state import (
     digest,
     no_scores,
     record_result,
+    validation_incomplete,
 )
 from dspy_opro.task.data import RunData
 from dspy_opro.task.placement import AFTER_INPUTS
@@ -634,6 +635,11 @@ class OPRORun:
                                      "(infrastructure)")
                 logger.warning("OPRO %s: compiling again%s scores them once the provider is back", state.stop_reason,
                                " with the same log_dir" if self.folder else "")
+            elif validation_incomplete(state):
+                state.stop_reason = "finished with its validation incomplete (infrastructure): selected on training"
+                logger.warning("OPRO %s, not on the valset as select=%r asks: compiling again%s scores the rest of "
+                               "the validation once the provider is back, and selects anew", state.stop_reason,
+                               self.opt.select, " with the same log_dir" if self.folder else "")
         logger.info("OPRO selected candidate %d (%s)", state.selection.candidate_id, state.selection.reason)
 
     def _result(self) -> dspy.Module:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from dspy_opro.state import START_ID, Candidate, RunState, Selection, ranked_candidates
+from dspy_opro.state import FELL_BACK, START_ID, Candidate, RunState, Selection, ranked_candidates
 
 
 class SelectionPolicy(Protocol):
@@ -81,8 +81,7 @@ class OnValidation:
         contenders = ranked_candidates(state.candidates)[: self.top_k]
         if any(c.val_score is None for c in contenders):
             return Selection(candidate_id=best.id, selected_by="train",
-                             reason="validation could not be completed (budget or LM failures); fell back to the best "
-                                    f"training score {100 * (best.score or 0.0):.1f}")
+                             reason=f"{FELL_BACK} {100 * (best.score or 0.0):.1f}")
         winner = best_on_validation(contenders)
         return Selection(candidate_id=winner.id, selected_by="validation",
                          reason=f"best validation score {100 * (winner.val_score or 0.0):.1f} of the top "

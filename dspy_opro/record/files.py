@@ -287,9 +287,9 @@ class ProgressJournal:
             handle.flush()
 
     def close(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.close()  # once: a close that raised (a full disk) is not tried again
 
     @staticmethod
     def read(log_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -40,6 +40,7 @@ from dspy_opro.state import (
     forget_metric_errors,
     no_scores,
     record_result,
+    validation_incomplete,
 )
 
 if TYPE_CHECKING:
@@ -194,7 +195,8 @@ class RunRecorder:
     @staticmethod
     def _retries_outage(state: RunState) -> bool:
         """Whether a finished run is opened again to score the candidates an outage left unscored."""
-        return state.status == "finished" and any(c.status == CandidateStatus.UNSCORED for c in state.candidates)
+        return state.status == "finished" and (any(c.status == CandidateStatus.UNSCORED for c in state.candidates)
+                                               or validation_incomplete(state))
 
     def _wants_more_steps(self, state: RunState) -> bool:
         return self.num_steps > len(state.steps) and state.status != "stopped"
@@ -362,8 +364,13 @@ class RunRecorder:
                      "log_dir to resume.", state.status, reason, where)
 
     def close(self) -> None:
-        """Close the journal and release the lock."""
-        if self._journal is not None:
-            self._journal.close()
-        if self._lock is not None:
-            self._lock.release()
+        """Close the journal and release the lock, whatever the closing raises (a full disk: a
+        :class:`~dspy_opro.errors.LogDirError`), so that the next compile on this folder can take it."""
+        try:
+            if self._journal is not None:
+                self._journal.close()
+        except OSError as exc:  # the buffered end of the journal could not be written
+            raise self._write_error(exc) from exc
+        finally:
+            if self._lock is not None:
+                self._lock.release()

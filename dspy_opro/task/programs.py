@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
 import types
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -87,8 +89,49 @@ def program_fingerprint(program: dspy.Module) -> str:
 
 def _demo_content(demo: Any) -> Any:
     if isinstance(demo, dspy.Example):
-        return dict(demo.items())
-    return dict(demo) if isinstance(demo, Mapping) else repr(demo)
+        return content_shape(dict(demo.items()))
+    return content_shape(dict(demo)) if isinstance(demo, Mapping) else content_shape(demo)
+
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def content_shape(value: Any, depth: int = 0) -> Any:
+    """A JSON-able rendering of a value by its content, the same in every process: JSON values as they are (so
+    fingerprints of plain data are unchanged), arrays, images and bytes by a digest of all their bytes, pydantic
+    models and dataclasses by their fields, other objects by their class and attributes; never a repr that holds a
+    memory address or elides the middle of an array."""
+    if isinstance(value, _JSON_SCALARS):
+        return value
+    if depth > 20:  # a structure that deep (or cyclic) counts by its type from here
+        return f"<{type(value).__qualname__}>"
+    if isinstance(value, Mapping):
+        return {str(key): content_shape(item, depth + 1) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [content_shape(item, depth + 1) for item in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((content_shape(item, depth + 1) for item in value), key=repr)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"bytes": hashlib.sha256(bytes(value)).hexdigest()}
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    if callable(getattr(value, "tobytes", None)):  # a numpy array or scalar, a PIL image
+        try:
+            shape = [str(getattr(value, name, "")) for name in ("dtype", "shape", "mode", "size")]
+            return {"type": kind, "shape": shape, "bytes": hashlib.sha256(value.tobytes()).hexdigest()}
+        except Exception:  # a tobytes that needs arguments: the attributes below
+            pass
+    if hasattr(value, "model_dump"):  # a pydantic model (dspy.Image, dspy.History, ...)
+        try:
+            return {"type": kind, "fields": content_shape(value.model_dump(), depth + 1)}
+        except Exception:
+            pass
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"type": kind, "fields": content_shape(dataclasses.asdict(value), depth + 1)}
+    attributes = getattr(value, "__dict__", None)
+    if isinstance(attributes, dict):
+        return {"type": kind, "fields": content_shape(attributes, depth + 1)}
+    text = repr(value)
+    return {"type": kind} if " at 0x" in text else {"type": kind, "repr": text}
 
 
 def _code_shape(code: types.CodeType) -> list[Any]:
@@ -151,5 +194,6 @@ def dataset_fingerprint(examples: Sequence[dspy.Example] | None) -> str:
     """A digest of a dataset's contents and input keys."""
     if not examples:
         return digest([])
-    rows = [{"data": dict(example.items()), "inputs": sorted(example.inputs().keys())} for example in examples]
+    rows = [{"data": content_shape(dict(example.items())), "inputs": sorted(example.inputs().keys())}
+            for example in examples]
     return digest(rows)
