@@ -360,3 +360,45 @@ def test_the_trainset_fingerprint_sees_a_change_in_the_middle_of_a_large_array()
     # Plain JSON data fingerprints as it always did: saved runs resume.
     plain = [dspy.Example(question="q", answer="a").with_inputs("question")]
     assert dataset_fingerprint(plain) == digest([{"data": {"question": "q", "answer": "a"}, "inputs": ["question"]}])
+
+
+V02 = Path(__file__).parent / "fixtures" / "v0.2"  # records written by dspy-opro 0.2 (commit 8e8c112)
+
+
+def compile_v02(log_dir):
+    from dspy_opro import OPROTeleprompter
+    from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
+
+    with SimulatedEndpoint() as endpoint:
+        optimizer = OPROTeleprompter(simulated_metric, prompt_model=endpoint.lm("openai/sim-opt", num_retries=0),
+                                     task_model=endpoint.lm("openai/sim-task", num_retries=0), num_steps=2,
+                                     num_candidates=2, num_threads=1, log_dir=str(log_dir))
+        run = optimizer.compile(dspy.Predict("question -> answer"), trainset=simulated_dataset(4)).opro_run
+        return run, [r.kind for r in endpoint.requests]
+
+
+@pytest.mark.parametrize(("record", "served"), [
+    ("finished", []),  # its result, at once
+    ("failed", ["opro"] + ["task"] * 8 + ["opro"] + ["task"] * 8),  # stopped before step 0: the start is kept
+    ("killed", ["task"] * 6 + ["opro"] + ["task"] * 8),  # killed in step 0 (2 of its 8 journaled): the rest, step 1
+])
+def test_a_record_of_dspy_opro_0_2_is_migrated_and_resumes(tmp_path, record, served):
+    shutil.copytree(V02 / record, tmp_path / record)
+    saved = json.loads((V02 / record / "state.json").read_text())
+    assert saved["schema_version"] == 1 and "racing_alpha" in saved["fingerprint"]["settings"]
+    run, kinds = compile_v02(tmp_path / record)
+    assert kinds == served and run.status == "finished" and run.schema_version == 2
+    assert run.metric_calls == saved["metric_calls"] + kinds.count("task") + (2 if record == "killed" else 0)
+    assert "racing_alpha" not in run.fingerprint.settings and run.fingerprint.settings["racing"] is False
+
+
+def test_a_label_free_record_of_0_2_is_refused_with_advice_that_works(tmp_path):
+    raw = json.loads((V02 / "finished" / "state.json").read_text())
+    raw["fingerprint"]["settings"]["label_free"] = raw["config"]["label_free"] = True
+    (tmp_path / "state.json").write_text(json.dumps(raw))
+    with pytest.raises(StateFileError) as refused:
+        load_state(tmp_path)
+    assert str(refused.value) == (
+        f"{tmp_path / 'state.json'} was written by dspy-opro 0.2 for label-free OPRO (metric=None with judge_model), "
+        "which 0.3 runs with another metric, metric=dspy_opro.PairwisePreference(judge_model=...): its scores cannot "
+        "be resumed. Compile with a new log_dir (the 0.2 record stays readable by `python -m dspy_opro report`).")

@@ -116,12 +116,8 @@ def load_state(log_dir: str | os.PathLike[str]) -> RunState | None:
     if not isinstance(data, dict):
         raise StateFileError(f"{path} is corrupt: it holds JSON but not an OPRO run record. {_FRESH}")
     version = data.get("schema_version")
-    if version == 1:  # a candidate a budget stopped was ``unscored`` with a reason "cut short ...": ``cut_short`` now
-        for candidate in data.get("candidates") or []:
-            if (isinstance(candidate, dict) and candidate.get("status") == "unscored"
-                    and str(candidate.get("reason") or "").startswith("cut short")):
-                candidate["status"] = "cut_short"
-        data, version = {**data, "schema_version": SCHEMA_VERSION}, SCHEMA_VERSION
+    if version == 1:  # dspy-opro 0.2's record
+        data, version = _migrated_from_0_2(data, path), SCHEMA_VERSION
     if version != SCHEMA_VERSION:
         raise StateFileError(f"{path} has schema version {version!r}; this dspy-opro reads version {SCHEMA_VERSION}. "
                              "Use the dspy-opro version that wrote it, or choose another log_dir.")
@@ -131,6 +127,37 @@ def load_state(log_dir: str | os.PathLike[str]) -> RunState | None:
         raise StateFileError(f"{path} does not hold a valid OPRO run record: {exc}") from exc
     check_record(state, path)
     return state
+
+
+def _migrated_from_0_2(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A record of dspy-opro 0.2 (schema 1) as 0.3 writes it, so that a killed 0.2 run resumes and a finished one
+    returns its result: a candidate a budget stopped (``unscored``, reason "cut short ...") is ``cut_short``; the
+    settings 0.3 folded into option values (``racing_alpha``, ``diversity_theta``, ``min_delta``, ``both_orders``)
+    are folded the same way. Label-free OPRO of 0.2 (``metric=None``) is refused: 0.3's metric is another one."""
+    for candidate in data.get("candidates") or []:
+        if (isinstance(candidate, dict) and candidate.get("status") == "unscored"
+                and str(candidate.get("reason") or "").startswith("cut short")):
+            candidate["status"] = "cut_short"
+    fingerprint = data.get("fingerprint") if isinstance(data.get("fingerprint"), dict) else {}
+    for settings in (fingerprint.get("settings"), data.get("config")):
+        if not isinstance(settings, dict):
+            continue
+        if settings.get("label_free"):
+            raise StateFileError(
+                f"{path} was written by dspy-opro 0.2 for label-free OPRO (metric=None with judge_model), which 0.3 "
+                "runs with another metric, metric=dspy_opro.PairwisePreference(judge_model=...): its scores cannot "
+                "be resumed. Compile with a new log_dir (the 0.2 record stays readable by `python -m dspy_opro "
+                "report`).")
+        alpha, theta = settings.pop("racing_alpha", 0.05), settings.pop("diversity_theta", 0.7)
+        min_delta = settings.pop("min_delta", 0.0)
+        settings.pop("both_orders", None)  # a label-free setting: a run with labels never used it
+        if settings.get("racing") is True:
+            settings["racing"] = {"alpha": alpha}
+        if settings.get("exemplar_selection") == "hard_diverse":
+            settings["exemplar_selection"] = {"hard_diverse": {"theta": theta}}
+        if settings.get("val_gate") is True:
+            settings["val_gate"] = {"min_delta": min_delta}
+    return {**data, "schema_version": SCHEMA_VERSION}
 
 
 def _bad_score(value: Any) -> bool:
