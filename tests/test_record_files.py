@@ -402,3 +402,36 @@ def test_a_label_free_record_of_0_2_is_refused_with_advice_that_works(tmp_path):
         f"{tmp_path / 'state.json'} was written by dspy-opro 0.2 for label-free OPRO (metric=None with judge_model), "
         "which 0.3 runs with another metric, metric=dspy_opro.PairwisePreference(judge_model=...): its scores cannot "
         "be resumed. Compile with a new log_dir (the 0.2 record stays readable by `python -m dspy_opro report`).")
+
+
+def _forge(tmp_path, change):
+    compile_job(tmp_path)
+    raw = json.loads((tmp_path / "state.json").read_text())
+    change(raw)
+    (tmp_path / "state.json").write_text(json.dumps(raw))
+
+
+def _swap_candidates(raw):
+    raw["candidates"][1], raw["candidates"][2] = raw["candidates"][2], raw["candidates"][1]
+    raw["candidates"][1]["id"], raw["candidates"][2]["id"] = 1, 2
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    (lambda raw: raw["candidates"][1].update(id=7), "candidate 1, field id: 7 is not its position 1 in candidates"),
+    (lambda raw: raw["selection"].update(candidate_id=99),
+     "candidate 99, field selection.candidate_id: the record has candidates 0 to "),
+    (lambda raw: raw["steps"][0]["replies"][0].update(candidate_id=-3),
+     "candidate -3, field steps[0].replies candidate_id: the record has candidates 0 to "),
+    (_swap_candidates, "candidate 1, field instruction: "),
+])
+def test_a_forged_record_is_refused_naming_the_field(tmp_path, change, named):
+    _forge(tmp_path, change)
+    with pytest.raises(StateFileError) as refused:
+        load_state(tmp_path)
+    assert named in str(refused.value)
+    assert str(refused.value).endswith("The record was changed outside dspy-opro: restore it from a backup, or "
+                                       "delete the log_dir to start afresh.")
+    teleprompter, program, trainset, task_engine, _ = build(str(tmp_path))
+    with pytest.raises(StateFileError):
+        teleprompter.compile(program, trainset=trainset)
+    assert task_engine.requests == []

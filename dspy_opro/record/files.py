@@ -165,12 +165,33 @@ def _bad_score(value: Any) -> bool:
 
 
 def check_record(state: RunState, path: str | os.PathLike[str]) -> None:
-    """Refuse a record whose scores cannot be right: a score outside [0, 1] (or NaN), a score list whose length is
-    not its split's size, a mean outside [0, 1]; the error names the file, the candidate and the field."""
-    def refuse(candidate: int, field: str, problem: str) -> StateFileError:
+    """Refuse a record that cannot be right: a candidate whose ``id`` is not its position, a reply or the selection
+    naming a candidate the record does not hold, a new candidate whose instruction is not its reply's (swapped
+    candidates), a score outside [0, 1] (or NaN), a score list whose length is not its split's size, a mean outside
+    [0, 1]; the error names the file, the candidate and the field."""
+    def refuse(candidate: int | str, field: str, problem: str) -> StateFileError:
         return StateFileError(f"{path}: candidate {candidate}, field {field}: {problem}. The record was changed "
                               "outside dspy-opro: restore it from a backup, or delete the log_dir to start afresh.")
 
+    count = len(state.candidates)
+    for position, candidate in enumerate(state.candidates):
+        if candidate.id != position:
+            raise refuse(position, "id", f"{candidate.id} is not its position {position} in candidates")
+    for step in state.steps:
+        for reply in step.replies:
+            if reply.candidate_id is None:
+                continue
+            if not 0 <= reply.candidate_id < count:
+                raise refuse(reply.candidate_id, f"steps[{step.step}].replies candidate_id",
+                             f"the record has candidates 0 to {count - 1}")
+            candidate = state.candidates[reply.candidate_id]
+            if reply.fate in ("new", "unclosed") and reply.instruction is not None and \
+                    candidate.instruction != reply.instruction:
+                raise refuse(candidate.id, "instruction", f"{_shown(candidate.instruction)} is not the instruction "
+                             f"of the reply of step {step.step} it came from, {_shown(reply.instruction)}")
+    if state.selection is not None and not 0 <= state.selection.candidate_id < count:
+        raise refuse(state.selection.candidate_id, "selection.candidate_id",
+                     f"the record has candidates 0 to {count - 1}")
     for candidate in state.candidates:
         for field, size in {"scores": state.train_size, "val_scores": state.val_size}.items():
             values = getattr(candidate, field)
