@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import re
+import signal
 from pathlib import Path
 
 import dspy
@@ -369,14 +370,24 @@ def test_label_free_anchor_broken_by_an_outage_is_retried_and_failing_candidates
 # ------------------------------------------------------------------------------ 8. interrupted and failed runs
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt in the main thread, as in a terminal (a suite started in the background has
+    it ignored)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_ctrl_c_marks_the_run_interrupted_writes_the_report_and_says_how_to_resume(endpoint, tmp_path, caplog):
     calls = [0]
 
     def interrupting_metric(example, prediction, trace=None):
         calls[0] += 1
         if calls[0] == 6:
-            raise KeyboardInterrupt
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C: Python raises KeyboardInterrupt in the main thread
         return simulated_metric(example, prediction)
 
     with caplog.at_level(logging.ERROR, logger="dspy_opro"), pytest.raises(KeyboardInterrupt):
@@ -407,6 +418,49 @@ def test_a_broken_metric_marks_the_run_failed_with_the_reason(endpoint, tmp_path
     assert "- Status: failed" in (tmp_path / REPORT_FILE).read_text()
     lines = [r.getMessage() for r in caplog.records if RESUME_HINT in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith("OPRO run failed: MetricError")
+
+
+def test_a_keyboard_interrupt_raised_by_the_metric_is_named_as_code_not_as_the_user(endpoint, tmp_path):
+    def stopping_metric(example, prediction, trace=None):
+        if example.question == simulated_dataset(3)[1].question:
+            raise KeyboardInterrupt("stop")
+        return simulated_metric(example, prediction)
+
+    with pytest.raises(ProgramError) as raised:
+        compile_run(endpoint, trainset=simulated_dataset(3), metric=stopping_metric, num_steps=1, num_threads=1,
+                    log_dir=tmp_path)
+    assert str(raised.value).startswith("the metric raised KeyboardInterrupt itself on training example 1 (")
+    assert "(code asking the run to stop, not Ctrl-C, which never lands on an evaluation's thread). Remove that " \
+           "raise; then compile again with the same log_dir to resume." in str(raised.value)
+    saved = load_state(tmp_path)
+    assert saved.status == "failed" and saved.stop_reason.startswith("ProgramError: the metric raised KeyboardInter")
+    assert saved.usage.task.calls == endpoint.count("task") == 2  # the paid evaluation's usage is kept
+
+
+@pytest.mark.usefixtures("ctrl_c_raises")
+def test_a_second_ctrl_c_while_the_record_is_written_leaves_it_written(endpoint, tmp_path, monkeypatch):
+    from dspy_opro.record.recorder import RunRecorder
+
+    calls, real_save = [0], RunRecorder.save
+
+    def interrupting_metric(example, prediction, trace=None):
+        calls[0] += 1
+        if calls[0] == 2:
+            signal.raise_signal(signal.SIGINT)
+        return simulated_metric(example, prediction)
+
+    def save_with_a_second_ctrl_c(self, state, *, final=False):
+        if final:
+            signal.raise_signal(signal.SIGINT)  # the user presses Ctrl-C again as the record is written
+        return real_save(self, state, final=final)
+
+    monkeypatch.setattr(RunRecorder, "save", save_with_a_second_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        compile_run(endpoint, trainset=simulated_dataset(3), metric=interrupting_metric, num_steps=1,
+                    num_threads=1, log_dir=tmp_path)
+    saved = load_state(tmp_path)
+    assert saved.status == "interrupted" and saved.stop_reason == "interrupted by the user (KeyboardInterrupt)"
+    assert "- Status: interrupted" in (tmp_path / REPORT_FILE).read_text()
 
 
 # ------------------------------------------------------------------------------------------------ 9. bad log_dir
@@ -586,9 +640,9 @@ def test_every_row_of_the_failures_table_names_tests_that_exist():
     text = (root / "docs" / "failures.md").read_text(encoding="utf-8")
     table = text.split("| What went wrong |", 1)[1].split("\n\n", 1)[0]
     rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
-    assert len(rows) == 60  # 33, four rows of issue 21 (no prediction, input keys, bad arguments, a killed run),
+    assert len(rows) == 61  # 33, four rows of issue 21 (no prediction, input keys, bad arguments, a killed run),
     # six of issue 20's optimizer calls, eleven of its resume, hang, signal and record checks and three of its
-    # reply journal; three of issue 33 (an edited metric, a BaseException, a null reply)
+    # reply journal; four of issue 33 (an edited metric, a BaseException, a null reply, KeyboardInterrupt by code)
     for row in rows:
         named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", row.rsplit("|", 2)[1])
         assert named, row

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import threading
 import time
 import warnings
@@ -173,10 +174,12 @@ class OPRORun:
                 else:
                     logger.info("The OPRO run in %s is complete; returning its result without LM calls", self.folder)
         except BaseException as exc:
-            # Ctrl-C, a fatal LM error or a broken metric: keep what was paid for before the error propagates.
-            self._take_usage("task")
-            self._end_session("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
-            self.recorder.end(state, exc)
+            # Ctrl-C, a fatal LM error or a broken metric: keep what was paid for before the error propagates (a
+            # second Ctrl-C while the record is written waits until it is written).
+            with ctrl_c_deferred():
+                self._take_usage("task")
+                self._end_session("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+                self.recorder.end(state, exc)
             raise
         finally:
             self.runner.close()
@@ -520,6 +523,11 @@ class OPRORun:
                                f"{self._describe_failure(result)}. Check its API key (or environment variable), "
                                "permissions, billing and model name.")
         state.metric_calls += 1  # the one count of evaluations that ran (a fatal one did not)
+        if result.outcome == "interrupted":
+            raise ProgramError(
+                f"the {'metric' if result.stage == 'metric' else 'program'} raised KeyboardInterrupt itself on "
+                f"{self._describe_failure(result, error=False)} (code asking the run to stop, not Ctrl-C, which "
+                f"never lands on an evaluation's thread). Remove that raise; then {self.resume_hint}.")
         if result.outcome == "not_a_prediction":
             name = type(self.base).__name__
             raise ProgramError(
@@ -648,6 +656,24 @@ class OPRORun:
                            "extra input field, which DSPy's JSON save (program.save('x.json')) does not keep; save it "
                            "with program.save(folder, save_program=True) to keep it", self.opt.instruction_pos)
         return attach_result(self.state, self.setup.program, log_dir=self.folder, track_stats=self.opt.track_stats)
+
+
+@contextlib.contextmanager
+def ctrl_c_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C that arrives during the block until it ends (then raise it), so that what the block writes is
+    written whole; only where Python delivers signals (the main thread) and when Ctrl-C raises KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    held: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if held:
+        raise KeyboardInterrupt
 
 
 def _split(name: str) -> Split:

@@ -138,8 +138,8 @@ def _migrated_from_0_2(data: dict[str, Any], path: Path) -> dict[str, Any]:
         if (isinstance(candidate, dict) and candidate.get("status") == "unscored"
                 and str(candidate.get("reason") or "").startswith("cut short")):
             candidate["status"] = "cut_short"
-    fingerprint = data.get("fingerprint") if isinstance(data.get("fingerprint"), dict) else {}
-    for settings in (fingerprint.get("settings"), data.get("config")):
+    fingerprint = data.get("fingerprint")
+    for settings in (fingerprint.get("settings") if isinstance(fingerprint, dict) else None, data.get("config")):
         if not isinstance(settings, dict):
             continue
         if settings.get("label_free"):

@@ -15,6 +15,9 @@ with an :class:`~dspy_opro.scoring.usage.EvaluationTracker` for LMs the run's us
   ``failure_score``, and is counted against ``max_errors`` as a program error is;
 * ``not_a_prediction``: the program returned None or something else than a ``dspy.Prediction``: a bug of the
   program's ``forward`` (a missing ``return``), which no instruction can fix; the run stops.
+* ``interrupted``: the program or the metric raised ``KeyboardInterrupt`` itself. Evaluations run on worker
+  threads, where Ctrl-C never lands (Python delivers it to the main thread), so this is code asking the run to stop;
+  it stops, named as such rather than as an interruption by the user.
 
 ``counted`` marks the errors ``max_errors`` counts: the metric's, and the program's own exceptions except an answer
 the task model formatted so that DSPy could not parse it (that is the instruction's doing, part of what OPRO scores)
@@ -44,7 +47,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Outcome = Literal["ok", "failed", "infra", "fatal", "metric_error", "not_a_prediction"]
+Outcome = Literal["ok", "failed", "infra", "fatal", "metric_error", "not_a_prediction", "interrupted"]
 
 
 @runtime_checkable
@@ -249,7 +252,8 @@ def _run_example(job: ExampleJob, tracker: EvaluationTracker, transport_retries:
             break
         except BaseException as exc:  # the program's own failure, classified below (SystemExit and the like too)
             if isinstance(exc, KeyboardInterrupt):
-                raise
+                return ExampleResult(job.candidate_id, job.index, "interrupted", error=describe_exception(exc),
+                                     split=job.split)
             kind = classify_exception(exc)
             if kind == "infra" and attempts <= transport_retries:
                 logger.debug("Retrying example %d after %s", job.index, describe_exception(exc))
@@ -281,9 +285,10 @@ def _run_example(job: ExampleJob, tracker: EvaluationTracker, transport_retries:
                     value = job.metric(job.example, prediction)
             score = coerce_score(value)
             break
-        except BaseException as exc:  # a paid run is recorded whatever the metric raises, but Ctrl-C
+        except BaseException as exc:  # a paid run is recorded whatever the metric raises
             if isinstance(exc, KeyboardInterrupt):
-                raise
+                return ExampleResult(job.candidate_id, job.index, "interrupted", error=describe_exception(exc),
+                                     split=job.split, stage="metric")
             kind = classify_exception(exc)
             if kind == "infra" and attempts <= transport_retries:
                 logger.debug("Retrying the metric on example %d after %s", job.index, describe_exception(exc))
