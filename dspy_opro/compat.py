@@ -204,6 +204,24 @@ def sharing_mlflow_runs() -> Callable[[], AbstractContextManager[None]]:
     return shared
 
 
+def mlflow_traces_by_latest_run() -> bool:
+    """Whether MLflow's DSPy autolog records traces during this compile (``log_traces`` and
+    ``log_traces_from_compile``). MLflow then gives a trace to the latest run started in any thread
+    (``_get_latest_active_run``), so candidates evaluated at once would get each other's traces."""
+    if "mlflow.dspy" not in sys.modules:
+        return False
+    try:
+        from mlflow.dspy.callback import MlflowCallback
+        from mlflow.utils.autologging_utils import get_autologging_config
+
+        if not any(isinstance(callback, MlflowCallback) for callback in dspy.settings.get("callbacks") or []):
+            return False
+        return bool(get_autologging_config("dspy", "log_traces", False)
+                    and get_autologging_config("dspy", "log_traces_from_compile", False))
+    except Exception:  # another MLflow than the one this was written against: evaluate at once, as without it
+        return False
+
+
 __all__ = [
     "AGENT_PROTOCOL_MARKERS",
     "DSPY_VERSION",
@@ -216,6 +234,7 @@ __all__ = [
     "lm_error_kind",
     "logging_configured",
     "logging_through_dspy",
+    "mlflow_traces_by_latest_run",
     "price_map_entry",
     "sharing_mlflow_runs",
     "user_stacklevel",

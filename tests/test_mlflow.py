@@ -105,3 +105,60 @@ def test_autolog_then_import(tmp_path):
 @pytest.mark.slow  # a fresh interpreter with MLflow
 def test_import_then_autolog(tmp_path):
     check(run_script(tmp_path, f"import mlflow\nimport mlflow.dspy\n{IMPORT_DSPY_OPRO}\n{AUTOLOG}"))
+
+
+TRACED_SCRIPT = """
+import json, sys
+import mlflow, mlflow.dspy
+mlflow.dspy.autolog(log_compiles=True, log_evals=True, log_traces=True, log_traces_from_compile=True)
+import dspy
+from mlflow.tracking import MlflowClient
+from dspy_opro import OPRO
+from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
+
+mlflow.set_tracking_uri(sys.argv[1])
+mlflow.set_experiment("opro")
+with SimulatedEndpoint() as endpoint:
+    optimizer = OPRO(simulated_metric, prompt_model=endpoint.lm("openai/sim-optimizer"),
+                     task_model=endpoint.lm("openai/sim-task"), num_steps=1, num_candidates=3, num_threads=2,
+                     display_progress=False)  # 2 places for 3 examples: a candidate's third run would start late
+    compiled = optimizer.compile(dspy.Predict("question -> answer"), trainset=simulated_dataset(3))
+client = MlflowClient()
+experiment = client.get_experiment_by_name("opro")
+children = {}
+for run in client.search_runs([experiment.experiment_id]):
+    if "mlflow.parentRunId" not in run.data.tags:
+        continue
+    traces = mlflow.search_traces(experiment_ids=[experiment.experiment_id], run_id=run.info.run_id,
+                                  return_type="list")
+    table = json.loads(open(client.download_artifacts(run.info.run_id, "result_table.json")).read())
+    program = json.loads(open(client.download_artifacts(run.info.run_id, "model.json")).read())
+    instruction = program["signature"]["instructions"]  # the candidate this run evaluated (a dspy.Predict)
+    children[run.info.run_name] = {
+        "traces": len(traces), "rows": len(table["data"]), "score": run.data.metrics.get("eval"),
+        "own": all(instruction in json.dumps([span.inputs for span in t.data.spans], default=str) for t in traces)}
+record = compiled.opro_run
+print(json.dumps({"children": children,
+                  "scored": [round(100 * c.score, 2) for c in record.candidates if c.status == "scored"]}))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter with MLflow
+def test_each_candidates_nested_run_holds_its_own_traces_and_predictions_table(tmp_path):
+    """With traces on (``log_traces_from_compile=True``), MLflow gives a trace to the latest run started in any
+    thread: the candidates of a round are then evaluated one after the other, so that each ``eval_N`` run holds the
+    traces of its own candidate's program runs, one per example, and its predictions table, as COPRO's do."""
+    pytest.importorskip("pandas", reason="MLflow's tables need pandas")
+    script = tmp_path / "traced_run.py"
+    script.write_text(textwrap.dedent(TRACED_SCRIPT), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True", "MLFLOW_TRACKING_URI": "",
+           "MLFLOW_ENABLE_ASYNC_LOGGING": "false", "MLFLOW_ENABLE_ASYNC_TRACE_LOGGING": "false",
+           "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+    done = subprocess.run([sys.executable, str(script), f"sqlite:///{tmp_path / 'mlflow.db'}"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    stored = json.loads(done.stdout.strip().splitlines()[-1])
+    children = stored["children"]
+    assert sorted(children) == [f"eval_{n}" for n in range(len(stored["scored"]))] and len(children) >= 3
+    assert all((child["traces"], child["rows"], child["own"]) == (3, 3, True) for child in children.values())
+    assert sorted(child["score"] for child in children.values()) == sorted(stored["scored"])

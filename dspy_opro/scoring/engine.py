@@ -327,16 +327,17 @@ class Runner:
                 slots[0].fed(slots[1])
 
     def concurrently(self, calls: Sequence[Callable[[], Any]], *, started: Sequence[threading.Event],
-                     halt: Callable[[], None]) -> list[Any]:
+                     halt: Callable[[], None], one_at_a_time: bool = False) -> list[Any]:
         """The results of ``calls``, each run on one of the runner's daemon threads in a copy of this thread's
         context (MLflow's active runs shared: :func:`~dspy_opro.compat.sharing_mlflow_runs`), in order.
 
         Each call starts once the one before has set its ``started`` event (or ended), so that callbacks see the
         calls begin in order (MLflow numbers the evaluations so). The first error, or Ctrl-C here, calls ``halt``
-        and propagates at once: nothing waits for a call that hangs.
+        and propagates at once: nothing waits for a call that hangs. ``one_at_a_time`` runs them one after the
+        other on this thread (MLflow tracing, which gives a trace to the latest run started anywhere).
         """
-        if len(calls) == 1:
-            return [calls[0]()]
+        if len(calls) == 1 or one_at_a_time:
+            return [call() for call in calls]
         shared = sharing_mlflow_runs()
         futures: list[cf.Future[Any]] = []
         try:

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import dspy
 
+from dspy_opro.compat import mlflow_traces_by_latest_run
 from dspy_opro.scoring.engine import Budget, CandidateEvaluate, RoundSlots, Runner
 from dspy_opro.scoring.evaluation import ExampleJob, ExampleResult
 from dspy_opro.scoring.usage import UsageMeter
@@ -245,7 +246,7 @@ class CandidateScorer:
             reasons = self.runner.concurrently(
                 [functools.partial(self._evaluate, c, split, indices, plan_of[c.id], infra, (slots, rank), began)
                  for rank, ((c, indices), began) in enumerate(zip(work, started, strict=True))],
-                started=started, halt=self.budget.halt)
+                started=started, halt=self.budget.halt, one_at_a_time=mlflow_traces_by_latest_run())
             stop_reason = next((r for r in reasons if r is not None), None)
             for other in list(open_ids):  # a look may stop any candidate it races
                 decision = plan_of[other].decision(other)
