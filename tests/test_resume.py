@@ -178,6 +178,7 @@ def test_a_resumed_run_logs_what_is_left_not_the_whole_plan(tmp_path, caplog):
         first = compile_run(1).opro_run
         done = first.metric_calls
         endpoint.reset_log()
+        caplog.clear()
         with caplog.at_level(logging.INFO, logger="dspy_opro"):
             second = compile_run(2).opro_run
         plan_lines = [m for m in caplog.messages if m.startswith("OPRO plan:")]
