@@ -9,7 +9,7 @@ import dspy
 import pytest
 
 from dspy_opro import OPRO, Racing
-from dspy_opro.core.settings import AUTO_PRESETS, auto_plan, resolved_search
+from dspy_opro.core.settings import AUTO_PRESETS, RACING_STEPS, auto_plan, resolved_budget, resolved_search
 from dspy_opro.testing import SimulatedEndpoint, simulated_dataset, simulated_metric
 
 DOCS = Path(__file__).parent.parent / "docs"
@@ -74,20 +74,33 @@ def test_the_presets_table_is_the_codes():
                             f"{preset.min_steps}-{preset.max_steps}"]
         for cell, n_train in zip(row[4:], (20, 50, 200), strict=True):
             steps, candidates = auto_plan(name, n_train)
-            found = re.fullmatch(r"(\d+) steps: ([\d,]+) program runs, (\d+) optimizer calls \(([\d,]+) without `n`\)",
-                                 cell)
+            found = re.fullmatch(r"(\d+) steps: ([\d,]+) program runs, (\d+) optimizer calls \(([\d,]+) without `n`\); "
+                                 r"racing: up to (\d+) steps within them", cell)
             assert found, cell
             assert [int(group.replace(",", "")) for group in found.groups()] == [
-                steps, n_train * (1 + steps * candidates), steps, steps * candidates]
+                steps, n_train * (1 + steps * candidates), steps, steps * candidates, RACING_STEPS * steps]
 
 
 def test_presets_scale_with_the_trainset_and_explicit_values_win():
     assert [auto_plan("medium", n) for n in (10, 20, 50, 1000)] == [(24, 8), (12, 8), (4, 8), (4, 8)]
-    optimizer = OPRO(simulated_metric, auto="light", num_candidates=2)
+    optimizer = OPRO(simulated_metric, auto="light", num_candidates=2, racing=False)
     assert (optimizer.num_steps, optimizer.num_candidates) == (None, 2)
     assert resolved_search(optimizer, 20) == ((400 // 20 - 1) // 4, 2)
+    assert resolved_budget(optimizer, 20, 0) is None  # full evaluation: the steps are the budget
     assert optimizer.auto == "light" and (optimizer.num_steps, optimizer.num_candidates) == (None, 2)
     assert resolved_search(OPRO(simulated_metric, auto="heavy", num_steps=1), 20)[0] == 1
+
+
+def test_a_preset_races_with_twice_the_steps_within_the_budget_of_full_evaluation():
+    racing = OPRO(simulated_metric, auto="light")
+    steps, candidates = auto_plan("light", 20)
+    assert resolved_search(racing, 20) == (RACING_STEPS * steps, candidates)
+    assert resolved_budget(racing, 20, 9) == 20 * (1 + steps * candidates) + 9  # validation runs included
+    assert resolved_budget(OPRO(simulated_metric, auto="light", max_metric_calls=77), 20, 0) == 77
+    explicit = OPRO(simulated_metric, auto="light", num_steps=3)  # explicit steps: no budget imposed
+    assert resolved_search(explicit, 20)[0] == 3 and resolved_budget(explicit, 20, 0) is None
+    assert resolved_budget(OPRO(simulated_metric, num_steps=3), 20, 0) is None  # no preset: the paper's default
+    assert OPRO(simulated_metric).racing is None
 
 
 def test_a_preset_reaches_the_endpoint_and_the_record():
@@ -95,10 +108,14 @@ def test_a_preset_reaches_the_endpoint_and_the_record():
     with SimulatedEndpoint() as endpoint:
         optimizer = OPRO(simulated_metric, prompt_model=endpoint.lm("openai/sim-optimizer"),
                          task_model=endpoint.lm("openai/sim-task"), auto="light", num_threads=8,
-                         display_progress=False)
+                         display_progress=False, racing=False)
         compiled = optimizer.compile(dspy.Predict("question -> answer"), trainset=trainset)
         opro_requests = [r for r in endpoint.requests if r.kind == "opro"]
         task_calls = endpoint.count("task")
+        endpoint.reset_log()
+        optimizer.racing = None  # the default: the preset races
+        raced = optimizer.compile(dspy.Predict("question -> answer"), trainset=trainset).opro_run
+        raced_opro, raced_calls = [r for r in endpoint.requests if r.kind == "opro"], endpoint.count("task")
     steps, candidates = auto_plan("light", 50)
     assert (steps, candidates) == (2, 4)
     record = compiled.opro_run
@@ -106,3 +123,8 @@ def test_a_preset_reaches_the_endpoint_and_the_record():
     assert len(opro_requests) == steps and {r.n for r in opro_requests} == {candidates}
     assert task_calls == record.metric_calls == 50 * len(record.scored()) <= 50 * (1 + steps * candidates)
     assert optimizer.num_steps is None  # the optimizer keeps the preset; the run recorded what it resolved to
+    # Racing: twice the steps, within the program runs of full evaluation; more candidates for the same bill.
+    assert (raced.config["num_steps"], raced.config["racing"]) == (2 * steps, {"alpha": 0.05})
+    assert raced_calls == raced.metric_calls <= 50 * (1 + steps * candidates)
+    assert len(raced_opro) > steps and sum(c.step >= 0 and c.status in ("scored", "raced_out")
+                                            for c in raced.candidates) >= steps * candidates

@@ -101,6 +101,10 @@ class OPRORun:
         self.options = s.meta_prompt_options(opt)
         self.folder = str(opt.log_dir) if opt.log_dir is not None else None
         self.selection = s.selection_policy(opt, has_valset=bool(self.data.valset))
+        n_val = len(self.data.valset)
+        self.max_metric_calls = s.resolved_budget(opt, len(self.data.trainset),
+                                                  self.selection.planned_evaluations(n_val) if n_val else 0)
+        self.racing = s.racing_options(opt.racing, auto=opt.auto) is not None
         self.initial = initial_by_predictor(s.check_initial_instructions(opt.initial_instructions),
                                             targets=self.data.targets, all_predictors=list(predictor_map(student)))
         self.models = s.Models.resolve(opt)
@@ -119,7 +123,7 @@ class OPRORun:
         self.errors: dict[tuple[str, int], int] = {}  # errors max_errors counts, per split and candidate
         self._warned: set[tuple[str, int]] = set()  # (split, candidate id) whose program errors were logged
         self._said_unclosed = False  # replies without their closing tag are explained once per run
-        self.recorder = RunRecorder(self.folder, num_steps=self.num_steps, max_metric_calls=opt.max_metric_calls,
+        self.recorder = RunRecorder(self.folder, num_steps=self.num_steps, max_metric_calls=self.max_metric_calls,
                                     max_cost=opt.max_cost)
         recorded = s.recorded_settings(opt, opt.setting_names(), num_steps=self.num_steps,
                                        num_candidates=self.num_candidates, models=self.models,
@@ -142,7 +146,7 @@ class OPRORun:
             data=self.data, base=self.base, instruction_pos=opt.instruction_pos, metric=opt.metric,
             metric_takes_trace=metric_takes_trace(opt.metric), settings=settings, failure_score=opt.failure_score,
             meter=self.meter, anchor_metric=self.anchored.anchor_metric() if self.anchored is not None else None)
-        self.budget = Budget(opt.max_metric_calls, opt.max_cost, self.state)
+        self.budget = Budget(self.max_metric_calls, opt.max_cost, self.state)
         self.runner = Runner(executor=opt.executor, timeout=opt.timeout)
         self.spans = CandidateSpans()
         self.scorer = CandidateScorer(setup=self.setup, runner=self.runner, budget=self.budget, recorder=self,
@@ -218,7 +222,7 @@ class OPRORun:
         """The run's plan in LM calls (the same as ``OPROTeleprompter.estimate`` returns)."""
         initial = sum(c.status != CandidateStatus.SKIPPED for c in self.state.candidates if c.step == -1) - 1
         return plan_run(num_steps=self.num_steps, num_candidates=self.num_candidates, models=self.models,
-                        data=self.data, selection=self.selection, max_metric_calls=self.opt.max_metric_calls,
+                        data=self.data, selection=self.selection, max_metric_calls=self.max_metric_calls,
                         initial=initial, ignores_n=self.ignores_n)
 
     def _announce(self) -> None:
@@ -388,7 +392,7 @@ class OPRORun:
             record = Step(step=step, predictor=predictor, exemplar_indices=exemplars, meta_prompt=meta_prompt,
                           temperature=opt.temperature, failed_calls=proposals.failed_calls, errors=proposals.errors,
                           skipped_calls=proposals.skipped_calls, skip_reason=proposals.skip_reason, started_at=started)
-            if opt.racing:  # the best at the start of the step, fixed for the step (and for its resumption)
+            if self.racing:  # the best at the start of the step, fixed for the step (and for its resumption)
                 record.race_against = (state.best() or state.candidates[START_ID]).id
             replies, new = step_candidates(record, proposals.replies, state, self.options,
                                            max_instruction_chars=opt.max_instruction_chars)

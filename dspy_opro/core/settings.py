@@ -71,20 +71,41 @@ AUTO_PRESETS: dict[str, AutoPreset] = {
 }
 
 
+RACING_STEPS = 2  # a racing preset runs up to this many times its full-evaluation steps, in the same budget
+
+
 def auto_plan(auto: str, n_train: int) -> tuple[int, int]:
-    """``(num_steps, num_candidates)`` of an ``auto`` preset for ``n_train`` training examples."""
+    """``(num_steps, num_candidates)`` of an ``auto`` preset for ``n_train`` training examples, evaluated in full."""
     preset = AUTO_PRESETS[auto]
     steps = (preset.evaluations // max(n_train, 1) - 1) // preset.num_candidates
     return min(max(steps, preset.min_steps), preset.max_steps), preset.num_candidates
 
 
+def races_a_preset(opt: Any) -> bool:
+    """Whether an ``auto`` preset spends racing's savings: it races and sets the steps itself."""
+    return opt.auto is not None and opt.num_steps is None and racing_options(opt.racing, auto=opt.auto) is not None
+
+
 def resolved_search(opt: Any, n_train: int) -> tuple[int, int]:
     """``(num_steps, num_candidates)`` a run of ``n_train`` examples uses: explicit values, else the ``auto``
-    preset's, else the authors' 10 and 8."""
+    preset's (up to :data:`RACING_STEPS` times more steps when it races, within the budget of full evaluation:
+    :func:`resolved_budget`), else the authors' 10 and 8."""
     steps, candidates = auto_plan(opt.auto, n_train) if opt.auto is not None else (DEFAULT_NUM_STEPS,
                                                                                   DEFAULT_NUM_CANDIDATES)
+    if races_a_preset(opt):
+        steps *= RACING_STEPS
     return (opt.num_steps if opt.num_steps is not None else steps,
             opt.num_candidates if opt.num_candidates is not None else candidates)
+
+
+def resolved_budget(opt: Any, n_train: int, validation: int) -> int | None:
+    """The run's ``max_metric_calls``: the one given, else for a racing ``auto`` preset the evaluations its search
+    would make evaluated in full (training, and ``validation`` ones), so that racing buys more steps, not a smaller
+    bill; else None."""
+    if opt.max_metric_calls is not None or not races_a_preset(opt):
+        return opt.max_metric_calls
+    steps, candidates = auto_plan(opt.auto, n_train)
+    return n_train * (1 + steps * (opt.num_candidates or candidates)) + validation
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -146,7 +167,7 @@ def check_settings(opt: Any) -> None:
                          "is above 0; drop select and val_gate")
     require_int("max_metric_calls", opt.max_metric_calls, minimum=1, allow_none=True)
     require_number("max_cost", opt.max_cost, low=0.0, high=math.inf, allow_none=True)
-    if not isinstance(opt.racing, Racing):
+    if opt.racing is not None and not isinstance(opt.racing, Racing):
         require_bool("racing", opt.racing)
     require_int("num_threads", opt.num_threads, minimum=1, allow_none=True)
     if opt.executor is not None and not isinstance(opt.executor, cf.Executor):
@@ -171,7 +192,11 @@ def check_settings(opt: Any) -> None:
 # What the options mean
 
 
-def racing_options(value: bool | Racing) -> Racing | None:
+def racing_options(value: bool | Racing | None, *, auto: str | None = None) -> Racing | None:
+    """Racing's options, or None for full evaluation. ``None`` (the default) races under an ``auto`` preset (ours,
+    not the paper's setting) and evaluates in full otherwise."""
+    if value is None:
+        return Racing() if auto is not None else None
     return Racing() if value is True else value or None
 
 
@@ -215,7 +240,7 @@ def selection_policy(opt: Any, *, has_valset: bool) -> SelectionPolicy:
 
 def scoring_policy(opt: Any) -> Any:
     """Racing's scoring policy, or None for the paper's full scoring."""
-    options = racing_options(opt.racing)
+    options = racing_options(opt.racing, auto=opt.auto)
     if options is None:
         return None
     from dspy_opro.extensions.racing import RacingPolicy  # numpy, and only when racing
@@ -300,7 +325,7 @@ def recorded_settings(opt: Any, names: Sequence[str], *, num_steps: int, num_can
     a run fingerprints as the explicit setting it amounts to."""
     settings = {name: setting_value(name, getattr(opt, name)) for name in names if name not in EXECUTION}
     settings.update(num_steps=num_steps, num_candidates=num_candidates)
-    racing, gate, diverse = racing_options(opt.racing), val_gate_options(opt.val_gate), \
+    racing, gate, diverse = racing_options(opt.racing, auto=opt.auto), val_gate_options(opt.val_gate), \
         hard_diverse_options(opt.exemplar_selection)
     settings["racing"] = dataclasses.asdict(racing) if racing is not None else False
     settings["val_gate"] = dataclasses.asdict(gate) if gate is not None else False
@@ -321,5 +346,6 @@ def fingerprint(settings: dict[str, Any], *, trainset: Sequence[dspy.Example], v
                        program=program_fingerprint(program), settings=shaping)
 
 
-__all__ = ["AUTO_PRESETS", "CONTINUABLE", "EXECUTION", "AutoPreset", "Models", "auto_plan", "check_settings",
-           "fingerprint", "meta_prompt_options", "recorded_settings", "resolved_search", "selection_policy"]
+__all__ = ["AUTO_PRESETS", "CONTINUABLE", "EXECUTION", "RACING_STEPS", "AutoPreset", "Models", "auto_plan",
+           "check_settings", "fingerprint", "meta_prompt_options", "races_a_preset", "recorded_settings",
+           "resolved_budget", "resolved_search", "selection_policy"]

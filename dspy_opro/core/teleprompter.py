@@ -99,7 +99,9 @@ class OPROTeleprompter(Teleprompter):
             recorded as skipped, not scored. None: only the program's own.
         auto: ``"light"``, ``"medium"`` or ``"heavy"``: a preset of ``num_steps`` and ``num_candidates`` scaled by the
             training set's size (see the table of presets in the documentation), resolved at ``compile`` and recorded;
-            an explicit ``num_steps`` or ``num_candidates`` wins over it. None: no preset.
+            an explicit ``num_steps`` or ``num_candidates`` wins over it. A preset races (unless ``racing=False``)
+            and spends what racing saves on more steps: twice the steps, within the ``max_metric_calls`` that full
+            evaluation of its steps would make (ours, not the paper's setting). None: no preset.
         num_steps: Optimization steps; each sends the meta-prompt ``num_candidates`` times. None: 10, or the ``auto``
             preset's.
         num_candidates: Optimizer samples per step (the authors' 8). None: 8, or the ``auto`` preset's.
@@ -144,6 +146,7 @@ class OPROTeleprompter(Teleprompter):
             first). ``True``, or ``Racing(alpha=...)`` for the test's level (the probability of stopping a
             candidate at least as good as every bar; the default 0.05). A stopped candidate is recorded ``raced_out``
             with its partial mean, which the meta-prompts show; only fully scored candidates can be returned.
+            None (the default): racing under an ``auto`` preset, full evaluation (the paper's) otherwise.
 
         num_threads: Parallel evaluations (and optimizer calls); None: ``dspy.settings.num_threads`` or 1.
         executor: A ``concurrent.futures.Executor`` to run evaluations on instead of threads (for example
@@ -211,7 +214,7 @@ class OPROTeleprompter(Teleprompter):
         # budget
         max_metric_calls: int | None = None,
         max_cost: float | None = None,
-        racing: bool | Racing = False,
+        racing: bool | Racing | None = None,
         # execution
         num_threads: int | None = None,
         executor: cf.Executor | None = None,
@@ -294,9 +297,12 @@ class OPROTeleprompter(Teleprompter):
 
         with logging_through_dspy("dspy_opro"), price_map_setting_restored():
             if self.auto is not None:
-                steps, candidates = s.resolved_search(self, len(trainset) if isinstance(trainset, Sized) else 0)
-                logger.info("auto=%r for %d training examples: %d steps x %d candidates", self.auto,
-                            len(trainset) if isinstance(trainset, Sized) else 0, steps, candidates)
+                n_train = len(trainset) if isinstance(trainset, Sized) else 0
+                steps, candidates = s.resolved_search(self, n_train)
+                logger.info("auto=%r for %d training examples: %d steps x %d candidates%s", self.auto, n_train,
+                            steps, candidates, ", racing (racing=False evaluates every candidate in full), within "
+                            "the evaluations full evaluation of half the steps would make"
+                            if s.races_a_preset(self) else "")
             log_settings_to_mlflow(self.get_params())
             return OPRORun(self, student, trainset, valset).execute()
 
@@ -344,9 +350,11 @@ class OPROTeleprompter(Teleprompter):
         start = read_instructions(student, data.targets)
         count = sum(c.status != CandidateStatus.SKIPPED
                     for c in initial_candidates(initial, start=start, first_id=1, n_train=len(data.trainset)))
-        plan = plan_run(num_steps=steps, num_candidates=candidates, models=models, data=data,
-                        selection=s.selection_policy(self, has_valset=bool(data.valset)),
-                        max_metric_calls=self.max_metric_calls, initial=count)
+        selection = s.selection_policy(self, has_valset=bool(data.valset))
+        budget = s.resolved_budget(self, len(data.trainset),
+                                   selection.planned_evaluations(len(data.valset)) if data.valset else 0)
+        plan = plan_run(num_steps=steps, num_candidates=candidates, models=models, data=data, selection=selection,
+                        max_metric_calls=budget, initial=count)
         if tokens_per_evaluation is None:
             return replace(plan, cost_assumption="pass tokens_per_evaluation=(prompt, completion) to estimate it; "
                                                  "compile logs one measured on step -1")
