@@ -80,6 +80,45 @@ def test_usage_through_the_dask_executor_equals_what_the_endpoint_served(cluster
     assert got.cost == pytest.approx(served_cost(records, TASK), rel=1e-9)
 
 
+class RaisesWhileItsCallRuns(dspy.Module):
+    """Starts its LM call on a thread of its own and, on "item" questions, raises before that call has ended (as a
+    program does whose ``dspy.Parallel`` fails while its threads still run: DSPy's executor clears tqdm's instances
+    unlocked, so two of them at once in one process can raise ``KeyError: <weakref ... to 'tqdm'>``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.predict = dspy.Predict("question -> answer")
+
+    def forward(self, question):
+        import contextvars
+        import threading
+
+        answers = []
+        call = threading.Thread(target=contextvars.copy_context().run,
+                                args=(lambda: answers.append(self.predict(question=question)),))
+        call.start()
+        if "1" in question:
+            raise RuntimeError("gave up before its call ended")
+        call.join()
+        return answers[0]
+
+
+def test_usage_of_calls_a_failed_program_left_running_on_a_dask_worker_comes_back(cluster):
+    """The program raises while its own thread's LM call is still on its way (0.3 s per request): the result waits
+    for that call on the worker, so the record's task usage is still what the endpoint served."""
+    with SimulatedEndpoint(latency=0.3) as endpoint:
+        task_lm, opt_lm = lms(endpoint)
+        optimizer = OPROTeleprompter(simulated_metric, prompt_model=opt_lm, task_model=task_lm, num_steps=1,
+                                     num_candidates=1, num_threads=2, executor=cluster.get_executor())
+        run = optimizer.compile(RaisesWhileItsCallRuns(), trainset=simulated_dataset(4, seed=3)).opro_run
+        records = [r for r in endpoint.requests if r.kind == "task" and r.status == 200]
+    failed = [c.failed for c in run.candidates]
+    assert failed and all(f for f in failed)  # some evaluations raised, with their calls in flight
+    usage = run.usage.by_model["openai/sim-task"]
+    assert (usage.calls, usage.prompt_tokens, usage.completion_tokens) == (
+        len(records), sum(r.prompt_tokens for r in records), sum(r.completion_tokens for r in records))
+
+
 def _on_a_dask_worker() -> bool:
     try:
         distributed.get_worker()

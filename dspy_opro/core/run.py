@@ -501,9 +501,10 @@ class OPRORun:
         return self.spans.current(candidate, split)
 
     def _take_usage(self, role: str) -> None:
-        """Record what the metered LMs were billed since the last read (calls that ended between evaluations)."""
+        """Record what the metered LMs were billed since the last read (calls that ended between evaluations, here
+        or, after their results, on Dask workers)."""
         with self.lock:
-            self._record_usage(role, self.meter.take())
+            self._record_usage(role, add_usage(self.meter.take(), self.runner.late_usage()))
 
     def _record_usage(self, role: str, usage: dict[str, ModelUsage]) -> None:
         if usage:

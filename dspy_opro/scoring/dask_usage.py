@@ -145,6 +145,9 @@ class UsageLedger:
         self._lock = threading.Lock()
         # job number -> attempt id -> (sequence number, usage so far) of the latest event received
         self._attempts: dict[int, dict[str, tuple[int, dict[str, Any]]]] = {}
+        # job number -> (its recorded attempt, the usage counted for it): calls that attempt's program left running
+        # end later, and their events say so (:meth:`late_usage`)
+        self._kept: dict[int, tuple[str, dict[str, ModelUsage]]] = {}
         # Sent before any job is submitted, on the stream that submits them: the scheduler knows of it first.
         client.subscribe_topic(self.topic, self._receive)
 
@@ -166,17 +169,21 @@ class UsageLedger:
             if attempt not in attempts or attempts[attempt][0] < sequence:
                 attempts[attempt] = (sequence, usage)
 
-    def settle(self, channel: UsageChannel | None, kept_attempt: str | None) -> dict[str, ModelUsage]:
+    def settle(self, channel: UsageChannel | None, kept_attempt: str | None,
+               counted: dict[str, ModelUsage] | None = None) -> dict[str, ModelUsage]:
         """The usage of the job's attempts other than ``kept_attempt`` (whose result counts its own), once.
 
         Args:
             channel: The job's channel (None: an untagged job, nothing to settle).
             kept_attempt: The attempt whose result is recorded; None when the job failed (all attempts were lost).
+            counted: The usage the kept attempt's result carried.
         """
         if channel is None or channel.topic != self.topic:
             return {}
         with self._lock:
             attempts = self._attempts.pop(channel.job, {})
+            if kept_attempt is not None:
+                self._kept[channel.job] = (kept_attempt, {m: u.model_copy() for m, u in (counted or {}).items()})
         lost: dict[str, ModelUsage] = {}
         for attempt, (_, usage) in attempts.items():
             if attempt == kept_attempt:
@@ -188,6 +195,24 @@ class UsageLedger:
             logger.info("Evaluation job %d: counted as paid the %d LM calls of its lost attempts (%d)", channel.job,
                         calls, len(attempts) - (kept_attempt in attempts))
         return lost
+
+    def late_usage(self) -> dict[str, ModelUsage]:
+        """What recorded attempts were billed after their results came back (LM calls a program that raised left
+        running on threads of its own), as their later events report it; each call once."""
+        late: dict[str, ModelUsage] = {}
+        with self._lock:
+            for job, (attempt, counted) in self._kept.items():
+                latest = self._attempts.get(job, {}).pop(attempt, None)
+                if latest is None:
+                    continue
+                for model, fields in latest[1].items():
+                    now, before = ModelUsage.model_validate(fields), counted.get(model, ModelUsage())
+                    extra = ModelUsage(**{name: max(getattr(now, name) - getattr(before, name), 0)
+                                          for name in ModelUsage.model_fields})
+                    if extra.calls or extra.prompt_tokens or extra.completion_tokens:
+                        late.setdefault(model, ModelUsage()).add(extra)
+                        counted[model] = now
+        return late
 
     def close(self) -> None:
         """Stop receiving the run's events."""

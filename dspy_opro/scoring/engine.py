@@ -44,7 +44,7 @@ from dspy_opro.errors import OPRORunError, describe_exception
 from dspy_opro.scoring.dask_usage import UsageLedger, dask_client, submit_to_dask
 from dspy_opro.scoring.evaluation import ExampleJob, ExampleResult, run_example
 from dspy_opro.scoring.usage import add_usage
-from dspy_opro.state import RunState, budget_spent
+from dspy_opro.state import ModelUsage, RunState, budget_spent
 
 logger = logging.getLogger(__name__)
 
@@ -375,8 +375,13 @@ class Runner:
     def _settle(self, job: ExampleJob, result: ExampleResult) -> ExampleResult:
         """``result`` with the usage of the job's lost attempts added (a Dask executor's), once."""
         if self._ledger is not None:
-            add_usage(result.usage, self._ledger.settle(job.usage_channel, result.attempt))
+            add_usage(result.usage, self._ledger.settle(job.usage_channel, result.attempt, result.usage))
         return result
+
+    def late_usage(self) -> dict[str, ModelUsage]:
+        """On a Dask executor, what recorded evaluations were billed after their results came back (see
+        :meth:`~dspy_opro.scoring.dask_usage.UsageLedger.late_usage`); in this process the run's meter counts it."""
+        return self._ledger.late_usage() if self._ledger is not None else {}
 
     def close(self) -> None:
         """Leave abandoned evaluations to themselves; let idle threads go."""

@@ -47,6 +47,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+SETTLE_SECONDS = 30.0
+"""On another process (a Dask worker), how long an evaluation's result waits for LM calls its program started and
+left running (a program that raised while calls on threads of its own were in flight): their usage comes back with
+the result. In this process the run's meter counts such calls whenever they end."""
+
 Outcome = Literal["ok", "failed", "infra", "fatal", "metric_error", "not_a_prediction", "interrupted"]
 
 
@@ -225,6 +230,9 @@ def run_example(job: ExampleJob, *, transport_retries: int = 1) -> ExampleResult
     if reporter is not None and job.meter is not None:
         job.meter.on_call = reporter.report
     result = _run_example(job, tracker, transport_retries)
+    if remote and job.meter is not None and not job.meter.wait_idle(SETTLE_SECONDS):
+        logger.warning("Evaluation of %s example %d: LM calls the program started were still running %g s after "
+                       "it ended; their usage is not counted", job.split, job.index, SETTLE_SECONDS)
     result.usage = _usage(job, tracker, remote)
     result.attempt = reporter.attempt if reporter is not None else None
     return result

@@ -197,6 +197,7 @@ class UsageMeter(BaseCallback):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified as each metered call ends
         self._open: dict[str, tuple[str, Any, _CallTracker, dict[str, Any]]] = {}
         self._estimated_models: set[str] = set()  # models whose unusable usage was already said
         self._pending: dict[str, ModelUsage] = {}
@@ -248,6 +249,13 @@ class UsageMeter(BaseCallback):
             self._open[call_id] = (getattr(instance, "model", "unknown"), context, tracker, inputs)
 
     def on_lm_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
+        try:
+            self._count(call_id, outputs, exception)
+        finally:
+            with self._idle:
+                self._idle.notify_all()
+
+    def _count(self, call_id: str, outputs: Any, exception: BaseException | None) -> None:
         with self._lock:
             opened = self._open.pop(call_id, None)
         if opened is None:
@@ -296,6 +304,11 @@ class UsageMeter(BaseCallback):
     def in_flight(self) -> int:
         with self._lock:
             return len(self._open)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no metered call is in flight (at most ``timeout`` seconds); whether none is."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._open, timeout=timeout)
 
 
 def unreadable_reply_usage(exc: BaseException) -> dict[str, Any] | None:
