@@ -171,13 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             done[futures[future]] = outcome = future.result()
             print(f"{futures[future]}: {100 * outcome.score:.1f}, {outcome.scored} scored, {outcome.steps} steps, "
                   f"{outcome.served} calls, {outcome.seconds:.1f} s", file=sys.stderr, flush=True)
-    lines = ["# Quality per evaluation: full evaluation, racing and the presets at equal budgets", "",
-             f"`python benchmarks/budgets.py {' '.join(argv if argv is not None else sys.argv[1:])}`, one run, "
-             f"{datetime.date.today().isoformat()}, Python {platform.python_version()}, {platform.machine()}, "
-             f"{os.cpu_count()} CPUs, {time.time() - started:.0f} s.", "",
-             "Score: the returned instruction's training accuracy from the simulator's answer key, in percent. "
-             "Every mode gets the same `max_metric_calls`; `full` and `racing` run 8 candidates per step until it "
-             "is spent, the presets run their own steps (twice the preset's, racing) within it.", ""]
+    lines: list[str] = []
     if budgets:
         lines += render_budgets(args.n, budgets, args.seeds, done)
     if args.wall:
@@ -188,6 +182,14 @@ def main(argv: list[str] | None = None) -> int:
                                                    threads=args.threads, latency=args.latency)
                 print(f"wall {mode} {seed}: {walls[(mode, seed)].seconds:.1f} s", file=sys.stderr, flush=True)
         lines += render_wall(args.n, args.seeds, args.steps, args.latency, args.threads, walls)
+    command = f"`python benchmarks/budgets.py {' '.join(argv if argv is not None else sys.argv[1:])}`"
+    lines = ["# Quality per evaluation: full evaluation, racing and the presets at equal budgets", "",
+             "Score: the returned instruction's training accuracy from the simulator's answer key, in percent. "
+             "Every mode gets the same `max_metric_calls`; `full` and `racing` run 8 candidates per step until it "
+             "is spent, the presets run their own steps (twice the preset's, racing) within it.", "",
+             *lines[:1], "", f"{command}, one run, {datetime.date.today().isoformat()}, Python "
+             f"{platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs, "
+             f"{time.time() - started:.0f} s.", *lines[1:]]
     print("\n".join(lines))
     if not args.no_write:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
