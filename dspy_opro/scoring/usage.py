@@ -8,8 +8,10 @@ makes it, so a program's calls on threads it starts itself (``dspy.Parallel``, a
 a one-call usage tracker in the call's DSPy context (``dspy.context(usage_tracker=...)``), where DSPy adds what the
 provider reported as billed (a cache hit adds nothing; DSPy 3.4 also adds the usage of an attempt that failed), so
 the meter learns each call's tokens from DSPy itself; the cost is those tokens at the prices of the LiteLLM price map
-DSPy ships (cached prompt tokens at the cached price), read without importing LiteLLM. A model without a price, or a
-billed reply without ``usage``, makes the cost "unknown" (``unpriced_calls``) rather than $0. A 200 reply whose body
+DSPy ships (cached prompt tokens at the cached price), read without importing LiteLLM. A model without a price makes
+the cost "unknown" (``unpriced_calls``) rather than $0; a billed reply whose ``usage`` is missing or cannot be true
+(negative counts) has its tokens estimated from the text sent and received (``estimated_calls``), said once per model,
+so that ``max_cost`` still bounds the run. A 200 reply whose body
 is not UTF-8 or not JSON reaches DSPy as a server error with the body in its exception:
 :func:`unreadable_reply_usage` reads the ``usage`` from it, so its tokens count too.
 
