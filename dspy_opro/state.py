@@ -440,8 +440,13 @@ def config_digest(settings: dict[str, Any]) -> str:
     OPRO's metric counts by its settings too: another judge is another run.)"""
     metric = settings.get("metric")
     if isinstance(metric, str) and not settings.get("label_free"):
-        settings = {**settings, "metric": metric.split("#", 1)[0]}
+        settings = {**settings, "metric": metric_name(metric)}
     return digest(settings)
+
+
+def metric_name(fingerprint: Any) -> str:
+    """The qualified name of a recorded metric (``module.qualname#digest``), without its code digest."""
+    return str(fingerprint).split("#", 1)[0]
 
 
 def best_candidate(candidates: Iterable[Candidate]) -> Candidate | None:
@@ -496,7 +501,8 @@ def forget_metric_errors(candidate: Candidate) -> int:
     if not cleared:
         return 0
     for key in cleared:
-        split, index = key.split(":")[0], int(key.split(":")[1])
+        split, _, position = key.partition(":")
+        index = int(position)
         if split == "val" and candidate.val_scores is not None:
             candidate.val_scores[index] = None
         elif split == "train":

@@ -618,9 +618,9 @@ class OPRORun:
             return
         self._warned.add((split, candidate.id))
         first = errors[0]
-        by_metric = {e.error.startswith(METRIC_ERROR_PREFIX) for e in errors}
-        raised = {frozenset({True}): "the metric raised", frozenset({False}): "the program raised"}.get(
-            frozenset(by_metric), "the program or the metric raised")
+        by_metric = [e.error.startswith(METRIC_ERROR_PREFIX) for e in errors]
+        raised = "the metric raised" if all(by_metric) else "the program raised" if not any(by_metric) else \
+            "the program or the metric raised"
         logger.warning("Candidate %d: %s on %d %s evaluations (%d distinct errors); first, on example %d: %s",
                        candidate.id, raised, sum(e.count for e in errors), _split_name(split), len(errors),
                        first.example, first.error)

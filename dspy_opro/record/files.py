@@ -31,7 +31,15 @@ from typing import Any, TypeGuard
 from pydantic import ValidationError
 
 from dspy_opro.errors import LogDirError, RunInProgressError, StateFileError
-from dspy_opro.state import SCHEMA_VERSION, CandidateStatus, Fingerprint, ModelUsage, RunState, config_digest
+from dspy_opro.state import (
+    SCHEMA_VERSION,
+    CandidateStatus,
+    Fingerprint,
+    ModelUsage,
+    RunState,
+    config_digest,
+    metric_name,
+)
 
 STATE_FILE = "state.json"
 PROGRESS_FILE = "progress.jsonl"
@@ -234,8 +242,8 @@ def check_fingerprint(saved: RunState, fingerprint: Fingerprint, log_dir: str | 
                 label = f"{label} ({'; '.join(changes)})"
         differ.append(label)
     if differ:
-        saved_metric = str(saved.fingerprint.settings.get("metric")).split("#", 1)[0]
-        renamed = saved_metric != str(fingerprint.settings.get("metric")).split("#", 1)[0]
+        saved_metric = metric_name(saved.fingerprint.settings.get("metric"))
+        renamed = saved_metric != metric_name(fingerprint.settings.get("metric"))
         hint = (f" A metric of another name is another metric: resume with {saved_metric} (a fix of its body "
                 "resumes, and what it failed is run again), or choose a new log_dir for the new one."
                 if renamed and saved.fingerprint.settings.get("metric") is not None else "")
