@@ -3,7 +3,7 @@
 ``OPROTeleprompter`` (alias ``OPRO``) is the optimizer; ``Racing``, ``HardDiverse`` and ``ValGate`` are the options of
 the extensions beyond the authors, and ``PairwisePreference`` is label-free OPRO's metric (imported on first use).
 ``RunState`` is the run record a compiled program holds as ``opro_run``, ``OPRORunSummary`` what a saved one keeps of
-it.
+it. ``load_program`` is DSPy's ``program.load`` that also puts an ``instruction_pos="Q_end"`` text back.
 Importing the package configures nothing: log lines reach DSPy's logging stream only while a compile runs, and only
 where logging is not configured otherwise.
 """
@@ -29,6 +29,7 @@ from dspy_opro.errors import (
 from dspy_opro.extensions import HardDiverse, Racing, ValGate
 from dspy_opro.record.summary import OPRORunSummary
 from dspy_opro.state import CandidateStatus, RunState
+from dspy_opro.task.placement import load_program
 
 if TYPE_CHECKING:
     from dspy_opro.extensions.label_free import PairwisePreference
@@ -65,4 +66,5 @@ __all__ = [
     "StateFileError",
     "ValGate",
     "__version__",
+    "load_program",
 ]

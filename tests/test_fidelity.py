@@ -267,11 +267,11 @@ def _task_messages(endpoint: SimulatedEndpoint) -> list[tuple[str, str]]:
 def test_q_end_puts_the_text_after_the_question(caplog: pytest.LogCaptureFixture) -> None:
     with SimulatedEndpoint() as endpoint, caplog.at_level(logging.WARNING, logger="dspy_opro.core.run"):
         compiled = _compile_at_endpoint(endpoint, instruction_pos="Q_end")
-        # Saving: the user is told at once that a JSON state file would lose the text.
-        assert [r.getMessage() for r in caplog.records if "save_program=True" in r.getMessage()] == [
-            "instruction_pos='Q_end': the returned program carries the instruction as the default of an extra input "
-            "field, which DSPy's JSON save (program.save('x.json')) does not keep; save it with "
-            "program.save(folder, save_program=True) to keep it"]
+        # Saving: the user is told at once how a JSON state file loads back whole (tests/test_saving_positions.py).
+        assert [r.getMessage() for r in caplog.records if "load_program" in r.getMessage()] == [
+            "instruction_pos='Q_end': the returned program carries the instruction in an extra input field after the "
+            "inputs, which a fresh program loading its JSON save with DSPy's load() lacks; load it with "
+            "dspy_opro.load_program(program, 'x.json') instead"]
         meta_prompt = next(r.messages[0]["content"] for r in endpoint.requests if r.kind == "opro")
         tasks = _task_messages(endpoint)
         texts = [c.instruction or c.instructions["self"] for c in compiled.opro_run.candidates
@@ -386,20 +386,3 @@ def test_every_row_of_the_fidelity_page_names_a_test_that_exists(section: str) -
         for path, name in references:
             source = (root / path).read_text(encoding="utf-8")
             assert re.search(rf"^def {name}\(", source, re.M), f"{path}::{name} does not exist"
-
-
-def test_q_end_text_survives_a_whole_program_save_but_not_a_json_state_file(tmp_path: Path) -> None:
-    """What the fidelity page says about saving a Q_end program."""
-    from dspy_opro.task.programs import with_instructions
-
-    placed = with_instructions(dspy.Predict("question -> answer"), {"self": "Check twice."}, instruction_pos="Q_end")
-    placed.save(str(tmp_path / "program"), save_program=True)
-    assert dspy.load(str(tmp_path / "program"), allow_pickle=True).signature.input_fields["instruction"].default == (
-        "Check twice.")
-    placed.save(str(tmp_path / "program.json"))
-    fresh = dspy.Predict("question -> answer")
-    fresh.load(str(tmp_path / "program.json"))
-    assert list(fresh.signature.input_fields) == ["question"]
-    assert "Check twice." not in json.dumps(fresh.dump_state())
-    # DSPy pairs saved field descriptions with fields by position: the answer gets the extra field's.
-    assert fresh.signature.output_fields["answer"].json_schema_extra["desc"] == "${instruction}"

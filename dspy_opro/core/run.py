@@ -657,9 +657,10 @@ class OPRORun:
 
     def _result(self) -> dspy.Module:
         if self.opt.instruction_pos in AFTER_INPUTS:
-            logger.warning("instruction_pos=%r: the returned program carries the instruction as the default of an "
-                           "extra input field, which DSPy's JSON save (program.save('x.json')) does not keep; save it "
-                           "with program.save(folder, save_program=True) to keep it", self.opt.instruction_pos)
+            logger.warning("instruction_pos=%r: the returned program carries the instruction in an extra input "
+                           "field after the inputs, which a fresh program loading its JSON save with DSPy's load() "
+                           "lacks; load it with dspy_opro.load_program(program, 'x.json') instead",
+                           self.opt.instruction_pos)
         return attach_result(self.state, self.setup.program, log_dir=self.folder, track_stats=self.opt.track_stats)
 
 

@@ -13,6 +13,10 @@ adapter from a predictor's signature, so the placement is expressed through the 
   the text follows the question (ChatAdapter: ``[[ ## question ## ]]`` ... then ``[[ ## instruction ## ]]``
   ... then the request for the outputs). The signature's instructions become DSPy's default description of the
   task (or the fixed tail of a ``dspy.ReAct`` predictor), so the text appears once, after the inputs.
+  DSPy's JSON state keeps no field defaults and pairs saved field descriptions with a fresh program's fields by
+  position, so such a predictor (:class:`TextAfterInputs`) saves the state of the signature without the extra field
+  and the text beside it (``"opro_after_inputs"``): a fresh program loads the file without a shifted field, and
+  :func:`load_program` (or a program that already has the field) puts the text back after the inputs.
 * ``"A_begin"`` (the text as the start of the answer): refused. DSPy has no way to make the task model's answer
   start with a given text: its adapters end the prompt with a user message asking for the output fields (there
   is no assistant prefill), and an output field's ``prefix`` is deprecated and has no effect in DSPy 3.
@@ -69,22 +73,111 @@ def default_instructions(signature: type[Signature]) -> str:
     return f"Given the fields {inputs}, produce the fields {outputs}."
 
 
-def place_after_inputs(predictor: Any, text: str, tail: str) -> None:
+def place_after_inputs(predictor: Any, text: str, tail: str, *, name: str | None = None) -> None:
     """Give ``predictor`` the ``Q_end`` text as a defaulted input field after its inputs (in place).
 
     Args:
-        predictor: A predictor of a copied program (its signature and demos are replaced).
+        predictor: A predictor of a copied program (its signature, demos and class are replaced).
         text: The optimized text.
         tail: The fixed tail of its instructions (``dspy.ReAct``'s protocol), kept in the instructions.
+        name: The field's name (a saved one); by default the first that the signature does not use.
     """
     signature = predictor.signature
-    name = after_inputs_field(signature)
+    name = name or after_inputs_field(signature)
     instructions = tail.lstrip() or default_instructions(signature)
     predictor.signature = signature.with_instructions(instructions).append(
         name, dspy.InputField(default=text), type_=str
     )
     # Demos (e.g. from BootstrapFewShot) carry the text too, so that DSPy renders them as complete examples.
     predictor.demos = [_with_field(demo, name, text) for demo in predictor.demos or []]
+    if not isinstance(predictor, TextAfterInputs):
+        predictor.__class__ = _saving_class(type(predictor))
+    predictor.after_inputs_field = name
+
+
+SAVED_KEY = "opro_after_inputs"
+
+
+class TextAfterInputs:
+    """A predictor whose ``Q_end`` text is an extra input field, saved so that DSPy's JSON load cannot shift fields.
+
+    ``dump_state`` writes the state of the signature without the extra field (what a fresh program's signature
+    pairs with, field by field) and the text under ``"opro_after_inputs"``; ``load_state`` reads such a state back
+    whole. DSPy's own ``Predict.load_state`` sets that key on a fresh predictor as a plain attribute, which
+    :func:`load_program` turns back into the field.
+    """
+
+    after_inputs_field: str | None = None
+    signature: Any
+    demos: list[Any]
+
+    def dump_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        state: dict[str, Any] = super().dump_state(*args, **kwargs)  # type: ignore[misc]
+        name = self.after_inputs_field
+        if name is None or name not in self.signature.input_fields:
+            return state
+        position = list(self.signature.fields).index(name)
+        fields = [field for at, field in enumerate(state["signature"]["fields"]) if at != position]
+        state["signature"] = {**state["signature"], "fields": fields}
+        state["demos"] = [{key: value for key, value in demo.items() if key != name} for demo in state["demos"]]
+        state[SAVED_KEY] = {"field": name, "text": self.signature.input_fields[name].default}
+        return state
+
+    def load_state(self, state: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        name = self.after_inputs_field
+        if name is not None and name in self.signature.input_fields:
+            self.signature = self.signature.delete(name)
+        self.after_inputs_field = None
+        saved = state.get(SAVED_KEY)
+        super().load_state({key: value for key, value in state.items() if key != SAVED_KEY},  # type: ignore[misc]
+                           *args, **kwargs)
+        if saved is not None:
+            _place_saved(self, saved)
+        return self
+
+
+def _place_saved(predictor: Any, saved: Any) -> None:
+    if not (isinstance(saved, dict) and isinstance(saved.get("text"), str) and isinstance(saved.get("field"), str)):
+        raise ValueError(f"a saved {SAVED_KEY!r} entry must hold the strings 'field' and 'text'; got {saved!r}")
+    if saved["field"] in predictor.signature.fields:
+        raise ValueError(f"the saved Q_end field {saved['field']!r} is already a field of the signature "
+                         f"{predictor.signature.signature!r}: "
+                         "load the file into the program it was compiled from")
+    # The loaded instructions are the compiled ones (DSPy's default description, or a ReAct tail): kept.
+    place_after_inputs(predictor, saved["text"], predictor.signature.instructions, name=saved["field"])
+
+
+_SAVING_CLASSES: dict[type, type] = {}
+
+
+def _saving_class(base: type) -> type:
+    if base is dspy.Predict:
+        return QEndPredict
+    # A subclass of the user's own predictor class, made once per class; not importable, so cloudpickle (DSPy's
+    # save_program=True) saves it by value.
+    if base not in _SAVING_CLASSES:
+        _SAVING_CLASSES[base] = type(f"QEnd{base.__name__}", (TextAfterInputs, base), {"__module__": __name__})
+    return _SAVING_CLASSES[base]
+
+
+class QEndPredict(TextAfterInputs, dspy.Predict):
+    """``dspy.Predict`` carrying a ``Q_end`` text (:class:`TextAfterInputs`); importable, so ``pickle`` keeps it."""
+
+
+def load_program(program: dspy.Module, path: str, **load_kwargs: Any) -> dspy.Module:
+    """``program.load(path)``, then each ``Q_end`` text the file holds put back after its predictor's inputs.
+
+    DSPy's own ``load`` restores everything else a compiled program saved; a fresh program's predictors do not know
+    the field a ``Q_end`` text lives in, so this puts it back (a program of any other ``instruction_pos`` loads as
+    with ``program.load``). Returns ``program``.
+    """
+    program.load(path, **load_kwargs)
+    for _, predictor in program.named_predictors():
+        saved = getattr(predictor, SAVED_KEY, None)  # where DSPy's Predict.load_state put the entry
+        if saved is not None:
+            delattr(predictor, SAVED_KEY)
+            _place_saved(predictor, saved)
+    return program
 
 
 def _with_field(demo: Any, name: str, text: str) -> Any:
@@ -97,9 +190,12 @@ def _with_field(demo: Any, name: str, text: str) -> Any:
 
 __all__ = [
     "AFTER_INPUTS",
+    "QEndPredict",
+    "TextAfterInputs",
     "IN_INSTRUCTIONS",
     "after_inputs_field",
     "check_instruction_pos",
     "default_instructions",
+    "load_program",
     "place_after_inputs",
 ]
