@@ -317,16 +317,6 @@ def _run_example(job: ExampleJob, tracker: EvaluationTracker, transport_retries:
                          anchor=anchor if isinstance(anchor, str) else None)
 
 
-def _failed_model(job: ExampleJob, exc: BaseException) -> str | None:
-    """The model name (as ``dspy.LM.model`` gives it) whose call raised ``exc``: the one the error names, else the
-    task model."""
-    task_model = getattr(job.settings.get("lm"), "model", None)
-    named = getattr(exc, "model", None)
-    if isinstance(named, str) and named and task_model and not task_model.endswith(named):
-        return named
-    return task_model
-
-
 __all__ = [
     "AnchoredMetric",
     "ExampleJob",
