@@ -120,3 +120,22 @@ def test_a_malformed_or_clashing_q_end_entry_is_refused_naming_it(tmp_path: Path
                                          "'question, instruction -> answer': load the file into the program it was "
                                          "compiled from$"):
         load_program(dspy.Predict("question, instruction -> answer"), str(tmp_path / "p.json"))
+
+
+def test_a_q_end_program_compiled_again_with_q_end_searches_its_text_in_the_same_field(tmp_path: Path) -> None:
+    with SimulatedEndpoint() as endpoint:
+        first = _compile(endpoint, PROGRAMS["predict"](), "Q_end", False)
+        text = first.signature.input_fields["instruction"].default
+        second = _compile(endpoint, first, "Q_end", False)
+        start = second.opro_run.candidates[0]
+        second.save(str(tmp_path / "second.json"))
+        loaded = load_program(PROGRAMS["predict"](), str(tmp_path / "second.json"))
+        question = simulated_dataset(5)[4].question
+        assert _task_prompt(endpoint, loaded, question) == _task_prompt(endpoint, second, question)
+    # The start of the second run is the first run's text, and the program keeps one field for it.
+    assert start.instructions == {"self": text}
+    assert list(second.signature.input_fields) == ["question", "instruction"]
+    assert second.signature.input_fields["instruction"].default == (
+        next(c for c in second.opro_run.candidates if c.id == second.opro_run.selection.candidate_id).instructions[
+            "self"])
+    assert second.signature.instructions == "Given the fields `question`, produce the fields `answer`."

@@ -158,7 +158,7 @@ class OPRORun:
         targets, n_train = self.data.targets, len(self.data.trainset)
         state = RunState(fingerprint=fingerprint, config=recorded, predictors=targets, train_size=n_train,
                          val_size=len(self.data.valset))
-        start = read_instructions(self.base, targets)
+        start = read_instructions(self.base, targets, instruction_pos=self.opt.instruction_pos)
         state.candidates.append(Candidate(id=START_ID, step=-1, predictor=None, instruction="", instructions=start,
                                           md5=digest(start), scores=no_scores(n_train)))
         state.candidates += initial_candidates(self.initial, start=start, first_id=START_ID + 1, n_train=n_train)

@@ -347,7 +347,7 @@ class OPROTeleprompter(Teleprompter):
         use_local_price_maps_offline([models.prompt, models.task, models.judge])
         initial = initial_by_predictor(check_initial_instructions(self.initial_instructions), targets=data.targets,
                                        all_predictors=list(predictor_map(student)))
-        start = read_instructions(student, data.targets)
+        start = read_instructions(student, data.targets, instruction_pos=self.instruction_pos)
         count = sum(c.status != CandidateStatus.SKIPPED
                     for c in initial_candidates(initial, start=start, first_id=1, n_train=len(data.trainset)))
         selection = s.selection_policy(self, has_valset=bool(data.valset))

@@ -82,6 +82,11 @@ def place_after_inputs(predictor: Any, text: str, tail: str, *, name: str | None
         tail: The fixed tail of its instructions (``dspy.ReAct``'s protocol), kept in the instructions.
         name: The field's name (a saved one); by default the first that the signature does not use.
     """
+    carried: str | None = getattr(predictor, "after_inputs_field", None)
+    if carried is not None and text_after_inputs(predictor) is not None:  # compiled so: replaced, in its field
+        predictor.signature = predictor.signature.delete(carried)
+        predictor.demos = [_without_field(demo, carried) for demo in predictor.demos or []]
+        name = name or carried
     signature = predictor.signature
     name = name or after_inputs_field(signature)
     instructions = tail.lstrip() or default_instructions(signature)
@@ -93,6 +98,13 @@ def place_after_inputs(predictor: Any, text: str, tail: str, *, name: str | None
     if not isinstance(predictor, TextAfterInputs):
         predictor.__class__ = _saving_class(type(predictor))
     predictor.after_inputs_field = name
+
+
+def text_after_inputs(predictor: Any) -> str | None:
+    """The ``Q_end`` text ``predictor`` carries after its inputs, if it carries one."""
+    name = getattr(predictor, "after_inputs_field", None)
+    field = predictor.signature.input_fields.get(name) if isinstance(name, str) else None
+    return field.default if field is not None and isinstance(field.default, str) else None
 
 
 SAVED_KEY = "opro_after_inputs"
@@ -180,6 +192,14 @@ def load_program(program: dspy.Module, path: str, **load_kwargs: Any) -> dspy.Mo
     return program
 
 
+def _without_field(demo: Any, name: str) -> Any:
+    if isinstance(demo, dspy.Example):
+        return demo.without(name) if name in demo else demo
+    if isinstance(demo, dict):
+        return {key: value for key, value in demo.items() if key != name}
+    return demo
+
+
 def _with_field(demo: Any, name: str, text: str) -> Any:
     if isinstance(demo, dspy.Example):
         return demo.copy(**{name: text})
@@ -198,4 +218,5 @@ __all__ = [
     "default_instructions",
     "load_program",
     "place_after_inputs",
+    "text_after_inputs",
 ]

@@ -13,7 +13,7 @@ import dspy
 
 from dspy_opro.compat import AGENT_PROTOCOL_MARKERS
 from dspy_opro.state import digest
-from dspy_opro.task.placement import AFTER_INPUTS, check_instruction_pos, place_after_inputs
+from dspy_opro.task.placement import AFTER_INPUTS, check_instruction_pos, place_after_inputs, text_after_inputs
 
 
 def predictor_map(program: dspy.Module) -> dict[str, Any]:
@@ -36,10 +36,15 @@ def split_instructions(text: str) -> tuple[str, str]:
     return text, ""
 
 
-def read_instructions(program: dspy.Module, names: Sequence[str]) -> dict[str, str]:
-    """The searchable instructions of the named predictors (without a fixed tail such as ReAct's tool list)."""
+def read_instructions(program: dspy.Module, names: Sequence[str], *,
+                      instruction_pos: str = "Q_begin") -> dict[str, str]:
+    """The searchable instructions of the named predictors (without a fixed tail such as ReAct's tool list); for
+    ``"Q_end"``, the text after the inputs of a predictor that carries one (a program compiled so before)."""
     predictors = predictor_map(program)
-    return {name: split_instructions(predictors[name].signature.instructions)[0] for name in names}
+    texts = {name: split_instructions(predictors[name].signature.instructions)[0] for name in names}
+    if instruction_pos in AFTER_INPUTS:
+        texts.update((name, text) for name in names if (text := text_after_inputs(predictors[name])) is not None)
+    return texts
 
 
 def with_instructions(program: dspy.Module, instructions: Mapping[str, str], *,
