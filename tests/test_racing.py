@@ -19,11 +19,9 @@ from dspy_opro.extensions.racing import (
     RacingSchedule,
     SequentialSignTest,
     StepRace,
-    affordable_races,
     binomial_half_pmf,
     example_order,
 )
-from dspy_opro.state import Candidate, CandidateStatus, RaceRecord
 
 
 class Race:
@@ -332,25 +330,3 @@ def test_bad_race_inputs():
     race.record(order[0], 0.5)
     with pytest.raises(ValueError, match="recorded twice"):
         race.record(order[0], 0.5)
-
-
-def _candidate(cid: int, ran: int, status: CandidateStatus, *, raced: bool = True, n: int = 100) -> Candidate:
-    return Candidate(id=cid, step=0, predictor="self", instruction=f"i{cid}", instructions={"self": f"i{cid}"},
-                     md5=f"m{cid}", scores=[1.0] * ran + [None] * (n - ran), status=status,
-                     race=RaceRecord(against=0, examples=ran, n=n) if raced else None)
-
-
-def test_a_budget_that_cannot_decide_every_race_races_as_many_as_it_can_decide() -> None:
-    entrants = [_candidate(cid, 0, CandidateStatus.PENDING, raced=False) for cid in range(10, 18)]
-    # Decided races of 20, 40 and 90 examples: 50 a race; the start (not raced) does not count.
-    history = [_candidate(0, 100, CandidateStatus.SCORED, raced=False), _candidate(1, 20, CandidateStatus.RACED_OUT),
-               _candidate(2, 40, CandidateStatus.RACED_OUT), _candidate(3, 90, CandidateStatus.SCORED)]
-    ids = lambda chosen: [c.id for c in chosen]  # noqa: E731
-    assert ids(affordable_races(entrants, evaluations_left=None, history=history)) == list(range(10, 18))
-    assert ids(affordable_races(entrants, evaluations_left=400, history=history)) == list(range(10, 18))
-    assert ids(affordable_races(entrants, evaluations_left=399, history=history)) == list(range(10, 17))
-    assert ids(affordable_races(entrants, evaluations_left=225, history=history)) == [10, 11, 12, 13]
-    assert ids(affordable_races(entrants, evaluations_left=10, history=history)) == [10]  # at least one
-    # Before any race was decided a race counts n = 100; a resumed entrant with 80 examples scored needs 20 more.
-    entrants[5] = _candidate(15, 80, CandidateStatus.PENDING, raced=False)
-    assert ids(affordable_races(entrants, evaluations_left=150, history=[])) == [10, 15]

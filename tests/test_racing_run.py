@@ -190,27 +190,10 @@ def test_max_metric_calls_is_exact_and_a_larger_budget_resumes_the_race(tmp_path
         assert stopped.status == "stopped" and stopped.metric_calls == budget
         assert len(served(endpoint, "task")) == budget
         assert any((c.reason or "").startswith("cut short") for c in stopped.candidates)
-        # The 45 evaluations left could decide one race of step 0 (at n = 60 examples a race before any was
-        # decided): it raced alone, the other six were cut short before they started.
-        narrowed = [c for c in stopped.candidates if c.step == 0]
-        assert [(c.status, sum(s is not None for s in c.scores)) for c in narrowed] == \
-            [("cut_short", 45)] + [("cut_short", 0)] * 6
-        assert narrowed[1].reason == ("cut short: the 45 evaluations that max_metric_calls=105 left could decide 1 "
-                                      "of the step's 7 races")
         resumed = sim_compile(endpoint, tmp_path, max_metric_calls=10_000)
         total = Counter(request_key(r) for r in served(endpoint))
-    # The resumed race of all seven takes the uninterrupted run's decisions; the lone race's evaluations beyond them
-    # stay paid and recorded, and nothing ran twice or was skipped.
-    assert outcome(resumed)[:2] == expected[:2]
-    lone = narrowed[0].id
-    for got, want in zip(outcome(resumed)[3], expected[3], strict=True):
-        assert got[:4] == want[:4]
-        extra = [i for i, (a, b) in enumerate(zip(got[4], want[4], strict=True)) if a != b]
-        assert all(want[4][i] is None for i in extra)
-        assert not extra or got[0] == resumed.opro_run.candidates[lone].instruction
-    assert not uninterrupted - total and set(total.values()) == {1}
-    ran_alone = sum(s is not None for s in resumed.opro_run.candidates[lone].scores)
-    assert sum((total - uninterrupted).values()) == ran_alone - sum(s is not None for s in expected[3][lone][4])
+    assert outcome(resumed)[:2] == expected[:2] and outcome(resumed)[3] == expected[3]
+    assert total == uninterrupted  # nothing ran twice, nothing was skipped
 
 
 @pytest.mark.slow

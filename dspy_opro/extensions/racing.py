@@ -580,42 +580,12 @@ class StepRace:
         return sorted(cid for cid, e in self._entrants.items() if e.leader)
 
 
-def affordable_races(entrants: Sequence[Candidate], *, evaluations_left: int | None,
-                     history: Sequence[Candidate]) -> list[Candidate]:
-    """The entrants that ``evaluations_left`` can race to a decision, at the mean number of examples the run's
-    decided races took (``n`` before any); all of them without a limit or when they fit, else at least one.
-
-    A race spends each round's block on every entrant, so a budget too small for all of them would stop every race
-    before its decision and nothing of the step could be selected; racing fewer decides them. The entrants with the
-    most examples already scored go first (a resumed race's are paid for), then by id.
-    """
-    if evaluations_left is None or not entrants:
-        return list(entrants)
-    n = len(entrants[0].scores)
-    costs = [sum(score is not None for score in c.scores) for c in history
-             if c.race is not None and c.status in (CandidateStatus.SCORED, CandidateStatus.RACED_OUT)]
-    cost = sum(costs) / len(costs) if costs else float(n)
-    done = {c.id: sum(score is not None for score in c.scores) for c in entrants}
-    admitted: list[Candidate] = []
-    needed = 0.0
-    for c in sorted(entrants, key=lambda c: (-done[c.id], c.id)):
-        needed += max(cost - done[c.id], 1.0)
-        if admitted and needed > evaluations_left:
-            break
-        admitted.append(c)
-    return sorted(admitted, key=lambda c: c.id)
-
-
 class RacingPolicy:
     """The scoring policy of ``racing``: a step's new candidates race the bar, the leaders run in full early, at
     the level ``alpha`` (checked by :class:`dspy_opro.extensions.Racing`) and the run's seed."""
 
     def __init__(self, *, alpha: float, seed: int):
         self.alpha, self.seed = alpha, seed
-
-    def admit(self, candidates: Sequence[Candidate], *, evaluations_left: int | None,
-              history: Sequence[Candidate]) -> list[Candidate]:
-        return affordable_races(candidates, evaluations_left=evaluations_left, history=history)
 
     def plan(self, candidates: Sequence[Candidate], baseline: Candidate,
              decided: Sequence[Candidate] = ()) -> RacingPlan:

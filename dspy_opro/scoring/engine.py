@@ -72,12 +72,6 @@ class Budget:
         return budget_spent(self.state, max_metric_calls=self.max_metric_calls, max_cost=self.max_cost,
                             in_flight=self.in_flight)
 
-    def evaluations_left(self) -> int | None:
-        """The evaluations ``max_metric_calls`` still allows (None without that limit)."""
-        if self.max_metric_calls is None:
-            return None
-        return max(self.max_metric_calls - self.state.metric_calls - self.in_flight, 0)
-
     def halt(self) -> None:
         """Stop the run's evaluations: none starts, and none finishing later is recorded (the run is ending)."""
         with self.lock:  # a record in progress completes first

@@ -76,12 +76,6 @@ class ScoringPolicy(Protocol):
     """Makes the plan of each training phase of a step's new candidates (the start and validation are always scored
     in full)."""
 
-    def admit(self, candidates: Sequence[Candidate], *, evaluations_left: int | None,
-              history: Sequence[Candidate]) -> list[Candidate]:
-        """The candidates the phase scores now, given the evaluations ``max_metric_calls`` leaves (None: no limit)
-        and the run's candidates so far; the others are cut short before they start."""
-        ...
-
     def plan(self, candidates: Sequence[Candidate], baseline: Candidate,
              decided: Sequence[Candidate] = ()) -> ScoringPlan:
         """The plan for ``candidates``, whose recorded scores it replays, against ``baseline`` (the best candidate at
@@ -108,11 +102,6 @@ class _OneRound:
 
 class FullScoring:
     """The paper's policy: every missing example of every candidate, in one round."""
-
-    def admit(self, candidates: Sequence[Candidate], *, evaluations_left: int | None,
-              history: Sequence[Candidate]) -> list[Candidate]:
-        # One round in candidate order already spends a budget's last evaluations on the first candidates in full.
-        return list(candidates)
 
     def plan(self, candidates: Sequence[Candidate], baseline: Candidate | None = None,
              decided: Sequence[Candidate] = ()) -> ScoringPlan:
@@ -225,17 +214,6 @@ class CandidateScorer:
         candidates = list(candidates)
         raced = [c for c in candidates if baseline is not None and split == "train" and c.id not in
                  (START_ID, baseline.id)]
-        if raced:
-            left = self.budget.evaluations_left()
-            admitted = self.policy.admit(raced, evaluations_left=left, history=self.budget.state.candidates)
-            for c in raced:
-                if c not in admitted:
-                    self.recorder.record_outcome(CandidateOutcome(
-                        c.id, split, CandidateStatus.CUT_SHORT, None,
-                        f"cut short: the {left} evaluations that max_metric_calls={self.budget.max_metric_calls} "
-                        f"left could decide {len(admitted)} of the step's {len(raced)} races"))
-            candidates = [c for c in candidates if c not in raced or c in admitted]
-            raced = admitted
         rest = [c for c in candidates if c not in raced]
         plans: list[ScoringPlan] = []
         plan_of: dict[int, ScoringPlan] = {}
