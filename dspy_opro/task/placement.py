@@ -125,20 +125,19 @@ class TextAfterInputs:
 
     def dump_state(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         state: dict[str, Any] = super().dump_state(*args, **kwargs)  # type: ignore[misc]
-        name = self.after_inputs_field
-        if name is None or name not in self.signature.input_fields:
+        name, text = self.after_inputs_field, text_after_inputs(self)
+        if name is None or text is None:
             return state
         position = list(self.signature.fields).index(name)
         fields = [field for at, field in enumerate(state["signature"]["fields"]) if at != position]
         state["signature"] = {**state["signature"], "fields": fields}
-        state["demos"] = [{key: value for key, value in demo.items() if key != name} for demo in state["demos"]]
-        state[SAVED_KEY] = {"field": name, "text": self.signature.input_fields[name].default}
+        state["demos"] = [_without_field(demo, name) for demo in state["demos"]]
+        state[SAVED_KEY] = {"field": name, "text": text}
         return state
 
     def load_state(self, state: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        name = self.after_inputs_field
-        if name is not None and name in self.signature.input_fields:
-            self.signature = self.signature.delete(name)
+        if self.after_inputs_field is not None and text_after_inputs(self) is not None:
+            self.signature = self.signature.delete(self.after_inputs_field)  # the fields the file was saved with
         self.after_inputs_field = None
         saved = state.get(SAVED_KEY)
         super().load_state({key: value for key, value in state.items() if key != SAVED_KEY},  # type: ignore[misc]
@@ -210,9 +209,9 @@ def _with_field(demo: Any, name: str, text: str) -> Any:
 
 __all__ = [
     "AFTER_INPUTS",
+    "IN_INSTRUCTIONS",
     "QEndPredict",
     "TextAfterInputs",
-    "IN_INSTRUCTIONS",
     "after_inputs_field",
     "check_instruction_pos",
     "default_instructions",
