@@ -87,7 +87,7 @@ def program_inputs(program: dspy.Module) -> tuple[set[str], set[str]] | None:
         if not isinstance(fields, dict):
             return None
         # An input field with a default (a Q_end text) may be left out: DSPy fills it in.
-        return {key for key, field in fields.items() if getattr(field, "is_required", lambda: True)()}, set(fields)
+        return {key for key, field in fields.items() if field.is_required()}, set(fields)
     named = [p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     return {p.name for p in named if p.default is p.empty}, {p.name for p in named}
 

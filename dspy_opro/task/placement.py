@@ -158,21 +158,19 @@ def _place_saved(predictor: Any, saved: Any) -> None:
     place_after_inputs(predictor, saved["text"], predictor.signature.instructions, name=saved["field"])
 
 
-_SAVING_CLASSES: dict[type, type] = {}
+class QEndPredict(TextAfterInputs, dspy.Predict):
+    """``dspy.Predict`` carrying a ``Q_end`` text (:class:`TextAfterInputs`); importable, so ``pickle`` keeps it."""
+
+
+_SAVING_CLASSES: dict[type, type] = {dspy.Predict: QEndPredict}
 
 
 def _saving_class(base: type) -> type:
-    if base is dspy.Predict:
-        return QEndPredict
-    # A subclass of the user's own predictor class, made once per class; not importable, so cloudpickle (DSPy's
-    # save_program=True) saves it by value.
+    # Another predictor class (the user's own) gets a subclass made once per class; not importable, so cloudpickle
+    # (DSPy's save_program=True) saves it by value.
     if base not in _SAVING_CLASSES:
         _SAVING_CLASSES[base] = type(f"QEnd{base.__name__}", (TextAfterInputs, base), {"__module__": __name__})
     return _SAVING_CLASSES[base]
-
-
-class QEndPredict(TextAfterInputs, dspy.Predict):
-    """``dspy.Predict`` carrying a ``Q_end`` text (:class:`TextAfterInputs`); importable, so ``pickle`` keeps it."""
 
 
 def load_program(program: dspy.Module, path: str, **load_kwargs: Any) -> dspy.Module:
